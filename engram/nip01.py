@@ -1,0 +1,140 @@
+"""NIP-01 events: canonical serialization, ids, BIP-340 signing and verification.
+
+Pure: no I/O, no clock, no randomness of its own (Schnorr aux comes in as an argument).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+from coincurve import PrivateKey, PublicKeyXOnly
+
+from engram import nip19
+from engram.errors import KeyFormatError
+
+_HEX = frozenset("0123456789abcdef")
+
+# msgspec's encoder emits NIP-01's canonical form: no whitespace, UTF-8 kept as is, and
+# only the escapes NIP-01 lists (checked in tests against json.dumps(ensure_ascii=False)).
+_encode = msgspec.json.encode
+
+
+class Event(msgspec.Struct, kw_only=True):
+    """A signed Nostr event, with hex strings exactly as they appear on the wire."""
+
+    id: str
+    pubkey: str
+    created_at: int
+    kind: int
+    tags: list[list[str]]
+    content: str
+    sig: str
+
+
+def is_hex(s: str, length: int) -> bool:
+    """Lower-case hex of exactly `length` characters (the only form NIP-01 allows)."""
+    return len(s) == length and not set(s) - _HEX
+
+
+def serialize_for_id(
+    pubkey: str, created_at: int, kind: int, tags: list[list[str]], content: str
+) -> bytes:
+    """The NIP-01 canonical array `[0,pubkey,created_at,kind,tags,content]` as UTF-8 bytes."""
+    return _encode([0, pubkey, created_at, kind, tags, content])
+
+
+def event_id(pubkey: str, created_at: int, kind: int, tags: list[list[str]], content: str) -> str:
+    return hashlib.sha256(serialize_for_id(pubkey, created_at, kind, tags, content)).hexdigest()
+
+
+def pubkey_of(seckey: bytes) -> str:
+    """x-only public key (hex) of a 32-byte secret key."""
+    return PublicKeyXOnly.from_secret(seckey).format().hex()
+
+
+def sign_event(
+    seckey: bytes,
+    created_at: int,
+    kind: int,
+    tags: list[list[str]],
+    content: str,
+    aux: bytes,
+) -> Event:
+    """Build and sign an event. `aux` is BIP-340's 32-byte auxiliary randomness."""
+    if len(aux) != 32:
+        raise ValueError("BIP-340 aux must be 32 bytes")
+    pubkey = pubkey_of(seckey)
+    eid = event_id(pubkey, created_at, kind, tags, content)
+    sig = PrivateKey(seckey).sign_schnorr(bytes.fromhex(eid), aux)
+    return Event(
+        id=eid,
+        pubkey=pubkey,
+        created_at=created_at,
+        kind=kind,
+        tags=tags,
+        content=content,
+        sig=sig.hex(),
+    )
+
+
+def id_matches(event: Event) -> bool:
+    """The event's id equals the hash of its canonical serialization."""
+    return event.id == event_id(
+        event.pubkey, event.created_at, event.kind, event.tags, event.content
+    )
+
+
+def signature_valid(event: Event) -> bool:
+    """BIP-340 signature over the (already checked) id; False for malformed keys/sigs."""
+    if not (is_hex(event.sig, 128) and is_hex(event.pubkey, 64) and is_hex(event.id, 64)):
+        return False
+    try:
+        return PublicKeyXOnly(bytes.fromhex(event.pubkey)).verify(
+            bytes.fromhex(event.sig), bytes.fromhex(event.id)
+        )
+    except (ValueError, TypeError):
+        return False
+
+
+def verify_event(event: Event) -> bool:
+    """Id recomputed and signature checked: the whole NIP-01 validity of an event."""
+    return is_hex(event.id, 64) and id_matches(event) and signature_valid(event)
+
+
+def parse_secret_key(s: str) -> bytes:
+    """A secret key from 64-hex or NIP-19 `nsec`; the error never echoes the input."""
+    s = s.strip()
+    if s.startswith("nsec1"):
+        hrp, data = nip19.decode(s)
+        if hrp != "nsec" or len(data) != 32:
+            raise KeyFormatError("not a valid nsec secret key")
+        raw = data
+    elif is_hex(s.lower(), 64):
+        raw = bytes.fromhex(s)
+    else:
+        raise KeyFormatError("secret key must be 64 hex characters or an nsec1… string")
+    try:
+        PrivateKey(raw)
+    except ValueError as exc:
+        raise KeyFormatError("secret key is out of range for secp256k1") from exc
+    return raw
+
+
+def parse_public_key(s: str) -> str:
+    """A public key (lower-case hex) from 64-hex or NIP-19 `npub`."""
+    s = s.strip()
+    if s.startswith("npub1"):
+        hrp, data = nip19.decode(s)
+        if hrp != "npub" or len(data) != 32:
+            raise KeyFormatError(f"not a valid npub public key: {s!r}")
+        hexkey = data.hex()
+    elif is_hex(s.lower(), 64):
+        hexkey = s.lower()
+    else:
+        raise KeyFormatError(f"public key must be 64 hex characters or an npub1… string: {s!r}")
+    try:
+        PublicKeyXOnly(bytes.fromhex(hexkey))
+    except ValueError as exc:
+        raise KeyFormatError(f"public key is not on the secp256k1 curve: {hexkey}") from exc
+    return hexkey

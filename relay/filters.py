@@ -1,0 +1,116 @@
+"""NIP-01 filters: parse a filter object strictly, and match events against it.
+
+Sans-I/O. `matches` is the one matcher everything else trusts: the live fan-out uses it,
+and the Postgres query path is tested against it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from engram.nip01 import Event, is_hex
+from relay.config import Limits
+
+_decode_obj = msgspec.json.Decoder(dict[str, Any])
+_MAX_INT = 2**63 - 1
+
+
+class FilterError(ValueError):
+    """An invalid filter; the message is the reason after `invalid: `."""
+
+
+class Filter(msgspec.Struct, kw_only=True):
+    ids: list[str] | None = None
+    authors: list[str] | None = None
+    kinds: list[int] | None = None
+    tags: dict[str, list[str]] = msgspec.field(default_factory=dict)  # "e" -> values of "#e"
+    since: int | None = None
+    until: int | None = None
+    limit: int | None = None
+    search: str | None = None
+
+    def names_kind(self, kind: int) -> bool:
+        return self.kinds is not None and kind in self.kinds
+
+
+def _hex_list(name: str, value: Any, limits: Limits) -> list[str]:
+    if not isinstance(value, list):
+        raise FilterError(f"{name} must be an array")
+    if len(value) > limits.max_filter_values:
+        raise FilterError(f"too many {name} (max {limits.max_filter_values})")
+    for v in value:
+        if not isinstance(v, str) or not is_hex(v, 64):
+            raise FilterError(f"{name} must be 64-character lower-case hex strings")
+    return value
+
+
+def _int(name: str, value: Any, lo: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= _MAX_INT:
+        raise FilterError(f"{name} must be a non-negative integer")
+    return value
+
+
+def parse_filter(raw: bytes | dict[str, Any], limits: Limits) -> Filter:
+    """A Filter from a raw JSON object (bytes) or an already-decoded dict."""
+    if isinstance(raw, bytes | bytearray | memoryview):
+        try:
+            obj = _decode_obj.decode(raw)
+        except msgspec.ValidationError as exc:
+            raise FilterError("filter must be a JSON object") from exc
+        except msgspec.DecodeError as exc:
+            raise FilterError("filter is not valid JSON") from exc
+    else:
+        obj = raw
+    f = Filter()
+    for key, value in obj.items():
+        if key == "ids":
+            f.ids = _hex_list("ids", value, limits)
+        elif key == "authors":
+            f.authors = _hex_list("authors", value, limits)
+        elif key == "kinds":
+            if not isinstance(value, list):
+                raise FilterError("kinds must be an array")
+            if len(value) > limits.max_filter_values:
+                raise FilterError(f"too many kinds (max {limits.max_filter_values})")
+            f.kinds = [_int("kinds", k) for k in value]
+            if any(k > 65535 for k in f.kinds):
+                raise FilterError("kinds must be between 0 and 65535")
+        elif key in ("since", "until", "limit"):
+            setattr(f, key, _int(key, value))
+        elif key == "search":
+            if not isinstance(value, str):
+                raise FilterError("search must be a string")
+            f.search = value
+        elif len(key) == 2 and key[0] == "#" and key[1].isascii() and key[1].isalpha():
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise FilterError(f"{key} must be an array of strings")
+            if len(value) > limits.max_filter_values:
+                raise FilterError(f"too many {key} values (max {limits.max_filter_values})")
+            f.tags[key[1]] = value
+        else:
+            raise FilterError(f"unknown filter field {key[:20]!r}")
+    return f
+
+
+def matches(f: Filter, event: Event) -> bool:
+    """NIP-01 semantics: every given field must match; within a field any value may."""
+    if f.ids is not None and event.id not in f.ids:
+        return False
+    if f.authors is not None and event.pubkey not in f.authors:
+        return False
+    if f.kinds is not None and event.kind not in f.kinds:
+        return False
+    if f.since is not None and event.created_at < f.since:
+        return False
+    if f.until is not None and event.created_at > f.until:
+        return False
+    for letter, values in f.tags.items():
+        if not any(len(t) >= 2 and t[0] == letter and t[1] in values for t in event.tags):
+            return False
+    return True
+
+
+def matches_any(filters: list[Filter], event: Event) -> bool:
+    return any(matches(f, event) for f in filters)

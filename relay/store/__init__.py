@@ -1,0 +1,50 @@
+"""The store interface: what the pipeline needs from storage, and nothing more.
+
+Only `relay.store.postgres` touches asyncpg. Raw event JSON is kept and served as is,
+so a stored event is serialized exactly once, at ingest.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Protocol
+
+import msgspec
+
+from engram.nip01 import Event
+from relay.filters import Filter
+
+DEFAULT_TENANT = "default"
+
+
+class SaveStatus(enum.Enum):
+    STORED = "stored"  # new row, or it replaced an older head: fan it out
+    DUPLICATE = "duplicate"  # exact id already stored
+    STALE = "stale"  # lost the replaceable/addressable race: an equal-or-newer head exists
+    ERROR = "error"  # this event could not be stored (message says why)
+
+
+class SaveResult(msgspec.Struct, frozen=True):
+    status: SaveStatus
+    message: str = ""
+
+
+class EventStore(Protocol):
+    async def save(self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT) -> SaveResult:
+        """Store durably; returns only after the transaction holding the event committed."""
+        ...
+
+    async def query(
+        self,
+        filters: list[Filter],
+        tenant: str = DEFAULT_TENANT,
+        viewer: str | None = None,
+    ) -> list[bytes]:
+        """Raw events matching any filter: newest first (created_at desc, id asc).
+
+        Each filter's `limit` is already clamped by the caller and always set. Events of
+        kind 30174 are returned only when `viewer` is their author or their `p`.
+        """
+        ...
+
+    async def close(self) -> None: ...
