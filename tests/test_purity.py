@@ -1,0 +1,72 @@
+"""`engram` is pure: importing it (in a fresh interpreter) loads no event loop, network,
+TLS, database or web framework module; and its source never reaches for the clock, the
+OS randomness source, files or the environment."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import engram
+
+FORBIDDEN_MODULES = ("asyncio", "socket", "ssl", "selectors", "asyncpg", "starlette", "uvicorn")
+FORBIDDEN_IMPORTS = {"asyncio", "socket", "ssl", "os", "time", "datetime", "random", "secrets"}
+FORBIDDEN_IMPORTS |= {"asyncpg", "starlette", "uvicorn", "websockets", "relay", "cli", "pathlib"}
+FORBIDDEN_CALLS = {"open", "print", "input"}
+PACKAGE = Path(engram.__file__).parent
+
+
+def loaded_after_import(modules: str) -> list[str]:
+    """Forbidden modules present in a fresh interpreter after `import <modules>`."""
+    code = (
+        f"import sys, {modules}\n"
+        f"print(','.join(m for m in {FORBIDDEN_MODULES!r} if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    return [m for m in result.stdout.strip().split(",") if m]
+
+
+def test_importing_engram_loads_no_io_modules() -> None:
+    modules = "engram, engram.nip01, engram.nip19, engram.nip44, engram.nipoa"
+    assert loaded_after_import(modules) == []
+
+
+def test_relay_wire_is_sans_io() -> None:
+    """The relay's codec builds on engram and must stay sans-I/O too (ARCHITECTURE 1.2)."""
+    if importlib.util.find_spec("relay.wire") is None:
+        pytest.skip("relay.wire does not exist yet")
+    assert loaded_after_import("relay.wire") == []
+
+
+def test_control_the_probe_detects_a_loaded_module() -> None:
+    assert "asyncio" in loaded_after_import("asyncio")
+
+
+def _imports_and_calls(path: Path) -> tuple[set[str], set[str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imports: set[str] = set()
+    calls: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imports.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imports.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            calls.add(node.func.id)
+    return imports, calls
+
+
+def test_engram_source_has_no_clock_randomness_or_io() -> None:
+    modules = sorted(PACKAGE.glob("*.py"))
+    assert len(modules) >= 8
+    for path in modules:
+        imports, calls = _imports_and_calls(path)
+        assert not imports & FORBIDDEN_IMPORTS, f"{path.name} imports {imports & FORBIDDEN_IMPORTS}"
+        assert not calls & FORBIDDEN_CALLS, f"{path.name} calls {calls & FORBIDDEN_CALLS}"
