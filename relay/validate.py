@@ -1,0 +1,95 @@
+"""Stateless event checks, cheapest first: shape and limits, kind rules, id, signature.
+
+Each check returns None to accept or a reason that already carries its NIP-01 prefix.
+The BIP-340 verification runs last, so a flood of junk costs little CPU.
+"""
+
+from __future__ import annotations
+
+from engram import validate_engram_envelope
+from engram.nip01 import Event, id_matches, is_hex, signature_valid
+from relay.config import KIND_AUTH, KIND_ENGRAM, Limits
+from relay.wire import Reason
+
+MAX_KIND = 65535
+
+
+def is_ephemeral(kind: int) -> bool:
+    return 20000 <= kind < 30000
+
+
+def is_replaceable(kind: int) -> bool:
+    return kind in (0, 3) or 10000 <= kind < 20000
+
+
+def is_addressable(kind: int) -> bool:
+    return 30000 <= kind < 40000
+
+
+def check_shape(event: Event, limits: Limits, now: int) -> str | None:
+    """Hex fields, sizes, tag and created_at bounds: all O(size) and cheap."""
+    if not is_hex(event.id, 64):
+        return Reason.INVALID("id must be 64 lower-case hex characters")
+    if not is_hex(event.pubkey, 64):
+        return Reason.INVALID("pubkey must be 64 lower-case hex characters")
+    if not is_hex(event.sig, 128):
+        return Reason.INVALID("sig must be 128 lower-case hex characters")
+    if not 0 <= event.kind <= MAX_KIND:
+        return Reason.INVALID(f"kind must be between 0 and {MAX_KIND}")
+    if event.created_at < 0:
+        return Reason.INVALID("created_at must not be negative")
+    if event.created_at > now + limits.created_at_upper_limit:
+        return Reason.INVALID(
+            f"created_at is more than {limits.created_at_upper_limit} seconds in the future"
+        )
+    if limits.created_at_lower_limit and event.created_at < now - limits.created_at_lower_limit:
+        return Reason.INVALID(
+            f"created_at is more than {limits.created_at_lower_limit} seconds in the past"
+        )
+    if len(event.tags) > limits.max_event_tags:
+        return Reason.INVALID(f"too many tags (max {limits.max_event_tags})")
+    if len(event.content) > limits.max_content_length:
+        return Reason.INVALID(f"content too long (max {limits.max_content_length} characters)")
+    for tag in event.tags:
+        if not tag:
+            return Reason.INVALID("empty tag")
+    return None
+
+
+def check_kind(event: Event) -> str | None:
+    """Per-kind rules: AUTH events travel only in AUTH; engrams must look like engrams."""
+    if event.kind == KIND_AUTH:
+        return Reason.INVALID("kind 22242 AUTH events are sent with AUTH, not EVENT")
+    if event.kind == KIND_ENGRAM:
+        return validate_engram_envelope(event)
+    return None
+
+
+def check_id(event: Event) -> str | None:
+    if not id_matches(event):
+        return Reason.INVALID("event id does not match the hash of its content")
+    return None
+
+
+def check_signature(event: Event) -> str | None:
+    if not signature_valid(event):
+        return Reason.INVALID("signature verification failed")
+    return None
+
+
+def check_event(event: Event, limits: Limits, now: int) -> str | None:
+    """The whole stateless validity of an event, in cost order."""
+    return (
+        check_shape(event, limits, now)
+        or check_kind(event)
+        or check_id(event)
+        or check_signature(event)
+    )
+
+
+def d_tag_of(event: Event) -> str:
+    """The first `d` tag value ('' when absent), the address part of addressable events."""
+    for tag in event.tags:
+        if len(tag) >= 2 and tag[0] == "d":
+            return tag[1]
+    return ""

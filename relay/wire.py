@@ -1,0 +1,180 @@
+"""Wire codec (NIP-01): frames in, typed messages out; relay messages encoded to bytes.
+
+Sans-I/O: no asyncio, no sockets. Frames are decoded as `list[msgspec.Raw]` and
+dispatched by hand: a tagged array-like Struct would silently drop extra REQ filters.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import msgspec
+
+from engram.nip01 import Event, is_hex
+
+_frame = msgspec.json.Decoder(list[msgspec.Raw])
+_str = msgspec.json.Decoder(str)
+_event = msgspec.json.Decoder(Event)
+_obj = msgspec.json.Decoder(dict[str, Any])
+encode = msgspec.json.Encoder().encode
+
+
+class Reason(enum.StrEnum):
+    """NIP-01 machine-readable prefixes: the only way reasons are built."""
+
+    INVALID = "invalid"
+    RESTRICTED = "restricted"
+    AUTH_REQUIRED = "auth-required"
+    RATE_LIMITED = "rate-limited"
+    BLOCKED = "blocked"
+    DUPLICATE = "duplicate"
+    POW = "pow"
+    ERROR = "error"
+
+    def __call__(self, text: str) -> str:
+        return f"{self.value}: {text}"
+
+
+class WireError(ValueError):
+    """A frame that cannot be dispatched; `reply` is the frame to send back."""
+
+    def __init__(self, reply: bytes) -> None:
+        super().__init__(reply.decode("utf-8", "replace"))
+        self.reply = reply
+
+
+class EventMsg(msgspec.Struct):
+    event: Event
+
+
+class ReqMsg(msgspec.Struct):
+    sub_id: str
+    filters: list[msgspec.Raw]
+
+
+class CountMsg(msgspec.Struct):
+    sub_id: str
+    filters: list[msgspec.Raw]
+
+
+class CloseMsg(msgspec.Struct):
+    sub_id: str
+
+
+class AuthMsg(msgspec.Struct):
+    event: Event
+
+
+Message = EventMsg | ReqMsg | CountMsg | CloseMsg | AuthMsg
+
+
+def _id_of(raw: msgspec.Raw) -> str | None:
+    """The event id from a malformed event object, when it can be read, to answer OK."""
+    try:
+        eid = _obj.decode(raw).get("id")
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return eid if isinstance(eid, str) and is_hex(eid, 64) else None
+
+
+def _decode_event(raw: msgspec.Raw, verb: str) -> Event:
+    try:
+        return _event.decode(raw)
+    except msgspec.ValidationError as exc:
+        why = Reason.INVALID(f"malformed event: {exc}")
+    except msgspec.DecodeError:
+        why = Reason.INVALID("event is not valid JSON")
+    eid = _id_of(raw)
+    if eid is not None:
+        raise WireError(ok(eid, False, why))
+    raise WireError(notice(f"{why} in {verb}"))
+
+
+def _sub_id(raw: msgspec.Raw, verb: str) -> str:
+    try:
+        sub_id = _str.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise WireError(notice(Reason.INVALID(f"{verb} subscription id must be a string"))) from exc
+    if not sub_id:
+        raise WireError(closed(sub_id, Reason.INVALID("subscription id must not be empty")))
+    return sub_id
+
+
+def decode(frame: bytes | str) -> Message:
+    """Decode one client frame. Raises WireError carrying the reply for bad frames."""
+    try:
+        items = _frame.decode(frame)
+    except msgspec.ValidationError as exc:
+        raise WireError(notice(Reason.INVALID("message must be a JSON array"))) from exc
+    except msgspec.DecodeError as exc:
+        raise WireError(notice(Reason.INVALID("message is not valid JSON"))) from exc
+    if not items:
+        raise WireError(notice(Reason.INVALID("empty message")))
+    try:
+        verb = _str.decode(items[0])
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise WireError(notice(Reason.INVALID("message type must be a string"))) from exc
+    if verb == "EVENT":
+        if len(items) != 2:
+            raise WireError(notice(Reason.INVALID("EVENT takes exactly one event")))
+        return EventMsg(_decode_event(items[1], verb))
+    if verb in ("REQ", "COUNT"):
+        if len(items) < 2:
+            raise WireError(notice(Reason.INVALID(f"{verb} needs a subscription id")))
+        sub_id = _sub_id(items[1], verb)
+        return (ReqMsg if verb == "REQ" else CountMsg)(sub_id, list(items[2:]))
+    if verb == "CLOSE":
+        if len(items) != 2:
+            raise WireError(notice(Reason.INVALID("CLOSE takes exactly one subscription id")))
+        return CloseMsg(_sub_id(items[1], verb))
+    if verb == "AUTH":
+        if len(items) != 2:
+            raise WireError(notice(Reason.INVALID("AUTH takes exactly one event")))
+        return AuthMsg(_decode_event(items[1], verb))
+    raise WireError(notice(Reason.INVALID(f"unknown message type {verb[:16]!r}")))
+
+
+def encode_event(event: Event) -> bytes:
+    """The compact JSON of an event, the form stored and served."""
+    return encode(event)
+
+
+def ok(event_id: str, accepted: bool, message: str = "") -> bytes:
+    return encode(["OK", event_id, accepted, message])
+
+
+def notice(message: str) -> bytes:
+    return encode(["NOTICE", message])
+
+
+def closed(sub_id: str, message: str) -> bytes:
+    return encode(["CLOSED", sub_id, message])
+
+
+def eose(sub_id: str) -> bytes:
+    return encode(["EOSE", sub_id])
+
+
+def auth_challenge(challenge: str) -> bytes:
+    return encode(["AUTH", challenge])
+
+
+def count(sub_id: str, n: int) -> bytes:
+    return encode(["COUNT", sub_id, {"count": n}])
+
+
+def event_frame(sub_prefix: bytes, raw_event: bytes) -> bytes:
+    """`["EVENT",<sub>,<event>]` from a pre-encoded `["EVENT",<sub>,` prefix: no re-encoding."""
+    return sub_prefix + raw_event + b"]"
+
+
+def raw_id(raw: bytes) -> str:
+    """The id of an event encoded by `encode_event` (its first member, at a fixed offset)."""
+    if raw[:7] != b'{"id":"':
+        raise ValueError("not an event encoded by encode_event")
+    return raw[7:71].decode()
+
+
+def sub_prefix(sub_id: str) -> bytes:
+    return b'["EVENT",' + encode(sub_id) + b","

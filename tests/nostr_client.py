@@ -1,0 +1,124 @@
+"""A minimal Nostr websocket client for tests (the product's own client lives in cli/)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import websockets
+
+from engram.nip01 import Event, pubkey_of, sign_event
+
+TIMEOUT = 10.0
+
+
+class Client:
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.challenge: str | None = None
+        self.backlog: list[list[Any]] = []
+
+    @classmethod
+    async def connect(cls, url: str, **kw: Any) -> Client:
+        ws = await websockets.connect(url, max_size=None, **kw)
+        c = cls(ws)
+        first = await c.recv()
+        assert first[0] == "AUTH", first
+        c.challenge = first[1]
+        return c
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def send_raw(self, data: str | bytes) -> None:
+        await self.ws.send(data if isinstance(data, str) else data.decode())
+
+    async def send(self, msg: list[Any]) -> None:
+        await self.ws.send(msgspec.json.encode(msg).decode())
+
+    async def _next(self, timeout: float = TIMEOUT) -> list[Any]:
+        return msgspec.json.decode(await asyncio.wait_for(self.ws.recv(), timeout))
+
+    async def recv(self, timeout: float = TIMEOUT) -> list[Any]:
+        """The next message: kept-aside ones first, then the socket."""
+        if self.backlog:
+            return self.backlog.pop(0)
+        return await self._next(timeout)
+
+    async def expect(self, verb: str, timeout: float = TIMEOUT) -> list[Any]:
+        """The next message of this type; others are kept for later `recv` calls."""
+        skipped = []
+        try:
+            while True:
+                msg = await self._next(timeout)
+                if msg[0] == verb:
+                    return msg
+                skipped.append(msg)
+        finally:
+            self.backlog.extend(skipped)
+
+    async def publish(self, event: Event) -> list[Any]:
+        await self.send(["EVENT", event])
+        while True:
+            msg = await self.expect("OK")
+            if msg[1] == event.id:
+                return msg
+
+    async def publish_many(self, events: list[Event]) -> dict[str, list[Any]]:
+        """Send every EVENT at once (pipelined), then collect the OKs by id."""
+        for e in events:
+            await self.send(["EVENT", e])
+        want = {e.id for e in events}
+        oks: dict[str, list[Any]] = {}
+        while want - oks.keys():
+            msg = await self.expect("OK")
+            if msg[1] in want:
+                oks[msg[1]] = msg
+        return oks
+
+    async def auth(self, seckey: bytes, relay_url: str, now: int) -> list[Any]:
+        assert self.challenge
+        ev = sign_event(
+            seckey,
+            now,
+            22242,
+            [["relay", relay_url], ["challenge", self.challenge]],
+            "",
+            bytes(32),
+        )
+        await self.send(["AUTH", ev])
+        msg = await self.expect("OK")
+        assert msg[1] == ev.id
+        return msg
+
+    async def req(self, sub_id: str, *filters: dict[str, Any]) -> tuple[list[dict], list[Any]]:
+        """Send a REQ; returns (stored events, terminating message: EOSE or CLOSED)."""
+        await self.send(["REQ", sub_id, *filters])
+        events: list[dict] = []
+        while True:
+            msg = await self._next()
+            if msg[0] == "EVENT" and msg[1] == sub_id:
+                events.append(msg[2])
+            elif msg[0] in ("EOSE", "CLOSED") and msg[1] == sub_id:
+                return events, msg
+            else:
+                self.backlog.append(msg)
+                if len(self.backlog) > 10_000:
+                    raise AssertionError("runaway backlog")
+
+    async def query(self, *filters: dict[str, Any]) -> list[dict]:
+        events, end = await self.req("q", *filters)
+        assert end[0] == "EOSE", end
+        await self.send(["CLOSE", "q"])
+        return events
+
+
+def pub(seckey: bytes) -> str:
+    return pubkey_of(seckey)

@@ -1,0 +1,160 @@
+"""Pytest plugin: real relay processes (`engram serve`) on fresh real PostgreSQL databases."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import asyncpg
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def create_database(server_url: str) -> str:
+    """A fresh, uniquely named database on the test server; returns its URL."""
+    name = "t_" + uuid.uuid4().hex[:16]
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return with_database(server_url, name)
+
+
+def with_database(url: str, name: str) -> str:
+    """The same server URL pointing at another database (socket or TCP URLs alike)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+@dataclass
+class RelayProcess:
+    proc: subprocess.Popen[bytes]
+    port: int
+    database_url: str
+    scheme: str = "ws"
+    log_path: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"{'https' if self.scheme == 'wss' else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as fh:
+            return fh.read()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def _wait_ready(rp: RelayProcess, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if rp.proc.poll() is not None:
+            raise RuntimeError(f"relay exited with {rp.proc.returncode}:\n{rp.log()}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", rp.port), 0.2):
+            if rp.scheme == "ws":
+                with urllib.request.urlopen(rp.http_url + "/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            else:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"relay did not become ready:\n{rp.log()}")
+
+
+def launch_relay(
+    database_url: str,
+    tmp_dir: str,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+    scheme: str = "ws",
+) -> RelayProcess:
+    port = free_port()
+    log_path = os.path.join(tmp_dir, f"relay-{port}.log")
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("ENGRAM_CONFIG", None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "cli.main",
+        "serve",
+        "--port",
+        str(port),
+        "--database-url",
+        database_url,
+        *args,
+    ]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+    rp = RelayProcess(proc, port, database_url, scheme, log_path, env or {})
+    try:
+        _wait_ready(rp)
+    except BaseException:
+        rp.stop()
+        raise
+    return rp
+
+
+@pytest.fixture
+def start_relay(pg_server_url: str, tmp_path) -> Iterator[Callable[..., RelayProcess]]:
+    """Factory: start_relay(env={...}, args=(...), database_url=None) -> RelayProcess."""
+    import asyncio
+
+    started: list[RelayProcess] = []
+
+    def start(
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+        database_url: str | None = None,
+        scheme: str = "ws",
+    ) -> RelayProcess:
+        url = database_url or asyncio.run(create_database(pg_server_url))
+        rp = launch_relay(url, str(tmp_path), env, args, scheme)
+        started.append(rp)
+        return rp
+
+    yield start
+    for rp in started:
+        rp.stop()
+
+
+@pytest.fixture
+def relay(start_relay: Callable[..., RelayProcess]) -> RelayProcess:
+    """A relay process with default settings on a fresh database."""
+    return start_relay()
+
+
+@pytest.fixture
+def relay_url(relay: RelayProcess) -> str:
+    return relay.url

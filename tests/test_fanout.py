@@ -1,0 +1,117 @@
+"""The live subscription index: candidates by index, full match, engram visibility."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engram.nip01 import sign_event
+from relay.config import Limits
+from relay.fanout import FanOut
+from relay.filters import Filter, matches_any, parse_filter
+from relay.wire import encode_event
+
+SK = [bytes.fromhex(f"{i:064x}") for i in range(1, 5)]
+
+
+class Conn:
+    def __init__(self, authed: str | None = None) -> None:
+        self.authed = authed
+        self.frames: list[bytes] = []
+
+    def send(self, frame: bytes) -> None:
+        self.frames.append(frame)
+
+
+def ev(sk: bytes, kind: int = 1, tags=(), created_at: int = 100):
+    return sign_event(sk, created_at, kind, [list(t) for t in tags], "c", bytes(32))
+
+
+def f(obj: dict) -> Filter:
+    return parse_filter(obj, Limits())
+
+
+def test_publish_reaches_only_matching_subscriptions():
+    fan = FanOut()
+    a, b, c = Conn(), Conn(), Conn()
+    e = ev(SK[0], kind=7, tags=[("e", "x" * 3)])
+    fan.subscribe(a, "s1", [f({"kinds": [7]})])
+    fan.subscribe(b, "s2", [f({"kinds": [1]}), f({"#e": ["xxx"]})])
+    fan.subscribe(c, "s3", [f({"authors": [e.pubkey], "kinds": [1]})])
+    raw = encode_event(e)
+    assert fan.publish(e, raw) == 2
+    assert a.frames == [b'["EVENT","s1",' + raw + b"]"]
+    assert b.frames == [b'["EVENT","s2",' + raw + b"]"]
+    assert c.frames == []
+
+
+def test_unsubscribe_and_drop_connection_clean_the_index():
+    fan = FanOut()
+    a = Conn()
+    fan.subscribe(a, "s", [f({"kinds": [1]})])
+    fan.subscribe(a, "t", [f({})])
+    assert fan.count_for(a) == 2
+    assert fan.unsubscribe(a, "s")
+    fan.drop_connection(a)
+    assert len(fan) == 0 and not fan._index and not fan._by_conn
+
+
+def test_engrams_reach_only_author_and_owner():
+    fan = FanOut()
+    agent, owner, stranger, anon = (
+        Conn(ev(SK[0]).pubkey),
+        Conn(ev(SK[1]).pubkey),
+        Conn(ev(SK[2]).pubkey),
+        Conn(None),
+    )
+    for c in (agent, owner, stranger, anon):
+        fan.subscribe(c, "all", [f({})])
+    e = ev(SK[0], kind=30174, tags=[("d", "0" * 64), ("p", owner.authed)])
+    fan.publish(e, encode_event(e))
+    assert len(agent.frames) == 1 and len(owner.frames) == 1
+    assert stranger.frames == [] and anon.frames == []
+
+
+def test_pending_subscription_buffers_until_live():
+    fan = FanOut()
+    a = Conn()
+    sub = fan.subscribe(a, "s", [f({})], pending=True)
+    e1, e2 = ev(SK[0], created_at=1), ev(SK[0], created_at=2)
+    fan.publish(e1, encode_event(e1))
+    fan.publish(e2, encode_event(e2))
+    assert a.frames == []
+    fan.go_live(sub, {e1.id})  # e1 was already in the stored results
+    assert a.frames == [b'["EVENT","s",' + encode_event(e2) + b"]"]
+
+
+filters = st.fixed_dictionaries(
+    {},
+    optional={
+        "kinds": st.lists(st.sampled_from([1, 7, 30000]), max_size=2),
+        "authors": st.lists(st.sampled_from([ev(k).pubkey for k in SK]), max_size=2),
+        "#t": st.lists(st.sampled_from(["a", "b"]), max_size=2),
+        "since": st.integers(0, 5),
+        "until": st.integers(0, 5),
+    },
+)
+events = st.builds(
+    ev,
+    st.sampled_from(SK),
+    st.sampled_from([1, 7, 30000]),
+    st.lists(st.tuples(st.sampled_from(["t", "e"]), st.sampled_from(["a", "b"])), max_size=2),
+    st.integers(0, 5),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(filters, min_size=1, max_size=3), max_size=6), events)
+def test_index_agrees_with_a_linear_scan(subs, event):
+    fan = FanOut()
+    conns = []
+    for i, fs in enumerate(subs):
+        c = Conn()
+        conns.append((c, [f(x) for x in fs]))
+        fan.subscribe(c, f"s{i}", conns[-1][1])
+    fan.publish(event, encode_event(event))
+    for c, fs in conns:
+        assert len(c.frames) == (1 if matches_any(fs, event) else 0)
