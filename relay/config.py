@@ -49,6 +49,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     limits: Limits = msgspec.field(default_factory=Limits)
     auth_window_seconds: int = 600  # NIP-42: AUTH created_at within 10 minutes
     send_queue_max: int = 1_000  # frames buffered per connection before it is dropped
+    send_queue_bytes: int = 4 * 1024 * 1024  # ... or bytes buffered, whichever comes first
+    in_flight_max: int = 256  # frames handled concurrently per connection (then backpressure)
     write_batch_max: int = 500  # events per group-commit transaction
     db_pool_min: int = 2
     db_pool_max: int = 10
@@ -117,4 +119,7 @@ def load_settings(
     lim = settings.limits
     if lim.default_limit > lim.max_limit:
         raise ConfigError("limits.default_limit must not exceed limits.max_limit")
+    if settings.send_queue_max <= settings.in_flight_max:
+        # a burst of OKs for every in-flight EVENT must fit, or a fast client looks slow
+        raise ConfigError("send_queue_max must be larger than in_flight_max")
     return settings

@@ -17,7 +17,7 @@ from relay.config import Settings
 from relay.fanout import FanOut
 from relay.filters import Filter, FilterError, parse_filter
 from relay.session import Session
-from relay.store import EventStore, SaveStatus
+from relay.store import EventStore, SaveStatus, StoreError
 from relay.wire import Reason
 
 log = logging.getLogger("engram.relay")
@@ -139,15 +139,16 @@ class Relay:
         sub = self.fanout.subscribe(session, sub_id, filters, pending=True)
         try:
             rows = await self.store.query(filters, session.tenant, session.authed)
-        except Exception:  # the store's own failure must not kill the connection
-            log.exception("query failed")
+        except StoreError as exc:
             self.fanout.unsubscribe(session, sub_id)
-            session.send(wire.closed(sub_id, Reason.ERROR("query failed")))
+            session.send(wire.closed(sub_id, str(exc)))
             return
         if not self.fanout.is_current(sub):
             return  # closed or replaced while the query ran
         for raw in rows:
-            session.send(wire.event_frame(sub.prefix, raw))
+            await session.send_wait(wire.event_frame(sub.prefix, raw))
+        if not self.fanout.is_current(sub):
+            return
         session.send(wire.eose(sub_id))
         self.fanout.go_live(sub, {wire.raw_id(raw) for raw in rows})
 

@@ -1,24 +1,25 @@
 """Per-connection state: identity (NIP-42), the AUTH challenge, and the way out.
 
-Transport-agnostic: the transport passes in a non-blocking `send` that enqueues a frame
-on the connection's bounded queue.
+Transport-agnostic: the transport passes in `send` (non-blocking, enqueue or drop the
+connection) and `send_wait` (await room in the connection's bounded queue).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from relay.store import DEFAULT_TENANT
 
 
 class Session:
-    __slots__ = ("_send", "authed", "challenge", "closed", "host", "tenant")
+    __slots__ = ("_send", "_send_wait", "authed", "challenge", "closed", "host", "tenant")
 
     def __init__(
         self,
         challenge: str,
         host: str,
         send: Callable[[bytes], None],
+        send_wait: Callable[[bytes], Awaitable[None]],
         tenant: str = DEFAULT_TENANT,
     ) -> None:
         self.challenge = challenge
@@ -27,7 +28,14 @@ class Session:
         self.authed: str | None = None
         self.closed = False
         self._send = send
+        self._send_wait = send_wait
 
     def send(self, frame: bytes) -> None:
+        """Non-blocking: replies and live events; a full queue disconnects the reader."""
         if not self.closed:
             self._send(frame)
+
+    async def send_wait(self, frame: bytes) -> None:
+        """Waits for queue room: bulk stored results must not look like a slow reader."""
+        if not self.closed:
+            await self._send_wait(frame)

