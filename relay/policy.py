@@ -6,12 +6,18 @@ Checks return None to accept or a reason carrying its NIP-01 prefix. The engram 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from engram.errors import AttestationError
 from engram.nip01 import Event, verify_event
+from engram.nipoa import AUTH_TAG, Clause, clauses_allow, event_attestation, verify_auth_tag
 from relay.config import KIND_AUTH, KIND_ENGRAM, Limits
 from relay.filters import Filter
 from relay.wire import Reason
+
+if TYPE_CHECKING:
+    from relay.tenants import Tenant
 
 
 def _tag(event: Event, name: str) -> str | None:
@@ -31,8 +37,11 @@ def host_of(url: str) -> str:
         return ""
 
 
-def check_auth_event(event: Event, challenge: str, host: str, now: int, window: int) -> str | None:
-    """NIP-42: kind 22242, our challenge, a relay tag naming this host, recent, signed."""
+def check_auth_event(
+    event: Event, challenge: str, hosts: frozenset[str], now: int, window: int
+) -> str | None:
+    """NIP-42: kind 22242, our challenge, a relay tag naming one of the tenant's hosts,
+    recent, signed. An AUTH made for another tenant names another host and fails here."""
     if event.kind != KIND_AUTH:
         return Reason.INVALID("AUTH event must be kind 22242")
     if _tag(event, "challenge") != challenge:
@@ -40,7 +49,7 @@ def check_auth_event(event: Event, challenge: str, host: str, now: int, window: 
     relay = _tag(event, "relay")
     if relay is None:
         return Reason.AUTH_REQUIRED("AUTH event has no relay tag")
-    if host_of(relay) != host_of(host):
+    if host_of(relay) not in hosts:
         return Reason.AUTH_REQUIRED("AUTH relay tag names another relay")
     if abs(event.created_at - now) > window:
         return Reason.AUTH_REQUIRED(f"AUTH created_at is more than {window} seconds off")
@@ -49,10 +58,59 @@ def check_auth_event(event: Event, challenge: str, host: str, now: int, window: 
     return None
 
 
-def check_write(authed: str | None, limits: Limits) -> str | None:
-    if limits.auth_required and authed is None:
+def admit_agent(event: Event, tenant: Tenant) -> tuple[tuple[Clause, ...] | None, str | None]:
+    """NIP-OA at AUTH: (clauses, None) admits the agent; (None, None) means no `auth` tag;
+    (None, reason) refuses the AUTH. Time clauses are checked here against the AUTH
+    event's created_at; `kind=` clauses later, against each event the agent publishes."""
+    tags = [t for t in event.tags if t and t[0] == AUTH_TAG]
+    if not tags:
+        return None, None
+    if len(tags) > 1:
+        return None, Reason.INVALID("more than one owner attestation (auth) tag")
+    try:
+        att = verify_auth_tag(tags[0], event.pubkey)
+    except AttestationError as exc:
+        return None, Reason.INVALID(f"owner attestation: {exc}")
+    time_clauses = tuple(c for c in att.clauses if c.name != "kind=")
+    if not clauses_allow(time_clauses, event.kind, event.created_at):
+        return None, Reason.RESTRICTED("owner attestation has expired or is not yet valid")
+    if tenant.members_only and not tenant.is_member(att.owner):
+        return None, Reason.RESTRICTED("the attesting owner is not a member of this relay")
+    return att.clauses, None
+
+
+def _attested_by_member(event: Event, tenant: Tenant) -> bool:
+    """An `auth` tag on the event itself, from a member owner, covering this event."""
+    try:
+        att = event_attestation(event, check_event=False)
+    except AttestationError:
+        return False
+    return att is not None and tenant.is_member(att.owner)
+
+
+def check_write(
+    event: Event,
+    authed: str | None,
+    admitted: tuple[Clause, ...] | None,
+    tenant: Tenant,
+) -> str | None:
+    """Who may publish: anyone (`open`), or members and agents their owners admitted."""
+    if tenant.limits.auth_required and authed is None:
         return Reason.AUTH_REQUIRED("this relay requires AUTH before publishing")
-    return None
+    if not tenant.members_only or tenant.is_member(event.pubkey):
+        return None
+    if admitted is not None and event.pubkey == authed:
+        kind_clauses = tuple(c for c in admitted if c.name == "kind=")
+        if clauses_allow(kind_clauses, event.kind, event.created_at):
+            return None
+        return Reason.RESTRICTED(f"the owner attestation does not cover kind {event.kind}")
+    if _attested_by_member(event, tenant):
+        return None
+    if authed is None:
+        return Reason.AUTH_REQUIRED(
+            "only members and agents admitted by a member may publish here: AUTH first"
+        )
+    return Reason.RESTRICTED("only members and agents admitted by a member may publish here")
 
 
 def check_read(f: Filter, authed: str | None, limits: Limits) -> str | None:

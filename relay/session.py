@@ -8,11 +8,21 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from relay.store import DEFAULT_TENANT
+from engram.nipoa import Clause
+from relay.tenants import Tenant
 
 
 class Session:
-    __slots__ = ("_send", "_send_wait", "authed", "challenge", "closed", "host", "tenant")
+    __slots__ = (
+        "_send",
+        "_send_wait",
+        "admitted",
+        "authed",
+        "challenge",
+        "closed",
+        "host",
+        "tenant",
+    )
 
     def __init__(
         self,
@@ -20,12 +30,14 @@ class Session:
         host: str,
         send: Callable[[bytes], None],
         send_wait: Callable[[bytes], Awaitable[None]],
-        tenant: str = DEFAULT_TENANT,
+        tenant: Tenant,
     ) -> None:
         self.challenge = challenge
         self.host = host
         self.tenant = tenant
         self.authed: str | None = None
+        # NIP-OA: the clauses of the member owner's attestation that admitted `authed`
+        self.admitted: tuple[Clause, ...] | None = None
         self.closed = False
         self._send = send
         self._send_wait = send_wait

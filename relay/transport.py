@@ -19,6 +19,7 @@ from starlette.websockets import WebSocket
 from relay import wire
 from relay.pipeline import Relay
 from relay.session import Session
+from relay.tenants import Tenant
 from relay.wire import Reason
 
 log = logging.getLogger("engram.transport")
@@ -95,10 +96,12 @@ class Connection:
             await send({"type": "websocket.send", "text": frame.decode()})
 
 
-async def serve_websocket(ws: WebSocket, relay: Relay) -> None:
+async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
     await ws.accept()
     conn = Connection(ws, relay.settings.send_queue_max, relay.settings.send_queue_bytes)
-    session = Session(secrets.token_hex(16), ws.headers.get("host", ""), conn.send, conn.send_wait)
+    session = Session(
+        secrets.token_hex(16), ws.headers.get("host", ""), conn.send, conn.send_wait, tenant
+    )
     writer = asyncio.create_task(conn.writer())
     tasks: set[asyncio.Task[None]] = set()
     slots = asyncio.Semaphore(relay.settings.in_flight_max)

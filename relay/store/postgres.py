@@ -18,10 +18,11 @@ import asyncpg
 from engram.nip01 import Event
 from relay.config import Settings
 from relay.filters import Filter
-from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError
+from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError, tenants
 from relay.store import sql as q
 from relay.store.migrate import apply_migrations
 from relay.store.sql import Row, RowError, encode_row
+from relay.tenants import TenantConfig
 
 log = logging.getLogger("relay.store")
 
@@ -278,6 +279,19 @@ class PostgresStore:
             return 0
         rows = await self._fetch(*built)
         return int(rows[0][0])
+
+    async def tenant_version(self) -> int:
+        """Version of the tenant configuration (bumped on every change)."""
+        try:
+            return await tenants.config_version(self._pool)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError("error: could not read tenant configuration") from exc
+
+    async def load_tenants(self) -> list[TenantConfig]:
+        try:
+            return await tenants.load_tenants(self._pool)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError("error: could not read tenant configuration") from exc
 
     async def ping(self) -> bool:
         """True if the database answers within 5 seconds."""

@@ -1,0 +1,289 @@
+"""`engram tenant …`: tenants (by host), aliases, members and per-tenant NIP-11/limits.
+
+Changes are written to PostgreSQL; running relays pick them up within seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+import typer
+
+from cli.common import DatabaseOpt, DataDirOpt, resolve_database_url, settings_or_exit
+from engram.errors import KeyFormatError
+from engram.nip01 import parse_public_key
+from relay.config import Limits
+from relay.policy import host_of
+from relay.tenants import WRITE_POLICIES, TenantConfig, merged_limits
+
+tenant_app = typer.Typer(help="Tenants: one relay, many communities (bound by Host).")
+member_app = typer.Typer(help="Members of a tenant (who may publish under --write members).")
+tenant_app.add_typer(member_app, name="member")
+
+T = TypeVar("T")
+
+NameOpt = Annotated[str | None, typer.Option(help="Name shown in NIP-11.")]
+DescOpt = Annotated[str | None, typer.Option(help="Description shown in NIP-11.")]
+PubkeyOpt = Annotated[str | None, typer.Option(help="Operator pubkey for NIP-11 (hex or npub).")]
+ContactOpt = Annotated[str | None, typer.Option(help="Contact for NIP-11.")]
+IconOpt = Annotated[str | None, typer.Option(help="Icon URL for NIP-11.")]
+AliasOpt = Annotated[list[str] | None, typer.Option("--alias", help="Another host served.")]
+WriteOpt = Annotated[str | None, typer.Option("--write", help="Write policy: open | members.")]
+LimitOpt = Annotated[
+    list[str] | None,
+    typer.Option("--limit", help="Limit override KEY=VALUE (e.g. max_limit=100); repeatable."),
+]
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    typer.echo(f"engram tenant: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _host(raw: str) -> str:
+    host = host_of(raw.strip())
+    if not host:
+        raise _fail(f"not a host name: {raw!r}")
+    return host
+
+
+def _pubkey(raw: str) -> str:
+    try:
+        return parse_public_key(raw)
+    except KeyFormatError as exc:
+        raise _fail(str(exc)) from exc
+
+
+def _limits(pairs: list[str] | None) -> dict[str, Any]:
+    fields = msgspec.to_builtins(Limits())
+    out: dict[str, Any] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or key not in fields:
+            raise _fail(f"--limit takes KEY=VALUE with KEY one of: {', '.join(fields)}")
+        try:
+            out[key] = json.loads(value) if isinstance(fields[key], bool | int) else value
+        except json.JSONDecodeError as exc:
+            raise _fail(f"--limit {key}: {value!r} is not a number or true/false") from exc
+    try:
+        merged_limits(Limits(), out)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    return out
+
+
+def _run(
+    database_url: str | None,
+    data_dir: str | None,
+    action: Callable[[Any], Awaitable[T]],
+) -> T:
+    """Run one admin action against the configured (or embedded) database."""
+    from relay.store import StoreError
+    from relay.store.tenants import run_admin
+
+    settings = settings_or_exit(database_url=database_url, data_dir=data_dir)
+    url, _embedded = resolve_database_url(settings)
+    try:
+        return asyncio.run(run_admin(url, action))
+    except StoreError as exc:
+        raise _fail(str(exc), 2) from exc
+
+
+def _show(cfg: TenantConfig) -> None:
+    typer.echo(json.dumps(msgspec.to_builtins(cfg), indent=2, sort_keys=True))
+
+
+def _check_write(write: str | None) -> None:
+    if write is not None and write not in WRITE_POLICIES:
+        raise _fail(f"--write must be one of: {', '.join(WRITE_POLICIES)}")
+
+
+@tenant_app.command("add")
+def add(
+    host: str,
+    name: NameOpt = None,
+    description: DescOpt = None,
+    pubkey: PubkeyOpt = None,
+    contact: ContactOpt = None,
+    icon: IconOpt = None,
+    alias: AliasOpt = None,
+    write: WriteOpt = "open",
+    auth_required: Annotated[bool, typer.Option(help="Require NIP-42 AUTH first.")] = False,
+    limit: LimitOpt = None,
+    database_url: DatabaseOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Add a tenant served on HOST (and its aliases)."""
+    from relay.store import tenants as db
+
+    _check_write(write)
+    cfg = TenantConfig(
+        host=_host(host),
+        name=name,
+        description=description,
+        pubkey=_pubkey(pubkey) if pubkey else None,
+        contact=contact,
+        icon=icon,
+        write_policy=write or "open",
+        auth_required=auth_required,
+        limits=_limits(limit),
+        aliases=sorted({_host(a) for a in alias or ()} - {_host(host)}),
+    )
+
+    async def action(conn: Any) -> None:
+        for h in (cfg.host, *cfg.aliases):
+            if await db.host_taken(conn, h):
+                raise _fail(f"{h} is already served by a tenant")
+        await db.add_tenant(conn, cfg)
+
+    _run(database_url, data_dir, action)
+    typer.echo(f"added tenant {cfg.host}")
+
+
+@tenant_app.command("set")
+def set_(
+    host: str,
+    name: NameOpt = None,
+    description: DescOpt = None,
+    pubkey: PubkeyOpt = None,
+    contact: ContactOpt = None,
+    icon: IconOpt = None,
+    alias: AliasOpt = None,
+    write: WriteOpt = None,
+    auth_required: Annotated[
+        bool | None, typer.Option("--auth-required/--no-auth-required", help="AUTH first.")
+    ] = None,
+    limit: LimitOpt = None,
+    database_url: DatabaseOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Change a tenant: only the options given are changed (aliases and limits are added)."""
+    from relay.store import tenants as db
+
+    _check_write(write)
+    key = _host(host)
+    fields: dict[str, Any] = {
+        k: v
+        for k, v in {
+            "name": name,
+            "description": description,
+            "pubkey": _pubkey(pubkey) if pubkey else None,
+            "contact": contact,
+            "icon": icon,
+            "write_policy": write,
+            "auth_required": auth_required,
+        }.items()
+        if v is not None
+    }
+    if limit:
+        fields["limits"] = _limits(limit)
+    if alias:
+        fields["aliases"] = sorted({_host(a) for a in alias})
+
+    async def action(conn: Any) -> None:
+        if await db.get_tenant(conn, key) is None:
+            raise _fail(f"no tenant {key}")
+        for h in fields.get("aliases", ()):
+            if await db.host_taken(conn, h):
+                raise _fail(f"{h} is already served by a tenant")
+        await db.update_tenant(conn, key, **fields)
+
+    _run(database_url, data_dir, action)
+    typer.echo(f"updated tenant {key}")
+
+
+@tenant_app.command("ls")
+def ls(database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
+    """List tenants: host, write policy, members, aliases."""
+    from relay.store import tenants as db
+
+    for cfg in _run(database_url, data_dir, db.load_tenants):
+        aliases = ",".join(cfg.aliases) or "-"
+        typer.echo(f"{cfg.host}\t{cfg.write_policy}\t{len(cfg.members)} members\t{aliases}")
+
+
+@tenant_app.command("show")
+def show(host: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Everything stored about one tenant, as JSON."""
+    from relay.store import tenants as db
+
+    key = _host(host)
+    cfg = _run(database_url, data_dir, lambda conn: db.get_tenant(conn, key))
+    if cfg is None:
+        raise _fail(f"no tenant {key}")
+    _show(cfg)
+
+
+@tenant_app.command("rm")
+def rm(
+    host: str,
+    purge: Annotated[bool, typer.Option(help="Also delete the tenant's events.")] = False,
+    database_url: DatabaseOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Remove a tenant; refused while it holds events unless --purge."""
+    from relay.store import tenants as db
+
+    key = _host(host)
+
+    async def action(conn: Any) -> int:
+        if await db.get_tenant(conn, key) is None:
+            raise _fail(f"no tenant {key}")
+        held = await db.event_count(conn, key)
+        if held and not purge:
+            raise _fail(f"{key} holds {held} events; use --purge to delete them too")
+        return await db.remove_tenant(conn, key, purge)
+
+    deleted = _run(database_url, data_dir, action)
+    typer.echo(f"removed tenant {key} ({deleted} events deleted)")
+
+
+def _member_action(host: str, pubkey: str, add: bool) -> Callable[[Any], Awaitable[bool]]:
+    from relay.store import tenants as db
+
+    async def action(conn: Any) -> bool:
+        if await db.get_tenant(conn, host) is None:
+            raise _fail(f"no tenant {host}")
+        change = db.add_member if add else db.remove_member
+        return await change(conn, host, pubkey)
+
+    return action
+
+
+@member_app.command("add")
+def member_add(
+    host: str, pubkey: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None
+) -> None:
+    """Make PUBKEY (hex or npub) a member of the tenant on HOST."""
+    key, pk = _host(host), _pubkey(pubkey)
+    changed = _run(database_url, data_dir, _member_action(key, pk, add=True))
+    typer.echo(f"{'added' if changed else 'already a member:'} {pk} to {key}")
+
+
+@member_app.command("rm")
+def member_rm(
+    host: str, pubkey: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None
+) -> None:
+    """Remove PUBKEY from the tenant's members."""
+    key, pk = _host(host), _pubkey(pubkey)
+    if not _run(database_url, data_dir, _member_action(key, pk, add=False)):
+        raise _fail(f"{pk} is not a member of {key}")
+    typer.echo(f"removed {pk} from {key}")
+
+
+@member_app.command("ls")
+def member_ls(host: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
+    """List the tenant's members (hex pubkeys)."""
+    from relay.store import tenants as db
+
+    key = _host(host)
+    cfg = _run(database_url, data_dir, lambda conn: db.get_tenant(conn, key))
+    if cfg is None:
+        raise _fail(f"no tenant {key}")
+    for pk in cfg.members:
+        typer.echo(pk)

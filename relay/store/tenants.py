@@ -1,0 +1,148 @@
+"""Tenant administration in PostgreSQL (used by `engram tenant …` and the relay's reload).
+
+Every change bumps `tenant_config_version` (triggers in 0002_tenants.sql), which running
+relays poll.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+
+from relay.tenants import TenantConfig
+
+T = TypeVar("T")
+
+_COLUMNS = ("name", "description", "pubkey", "contact", "icon", "write_policy", "auth_required")
+
+
+async def config_version(conn: asyncpg.Connection | asyncpg.Pool) -> int:
+    return int(await conn.fetchval("SELECT version FROM tenant_config_version"))
+
+
+async def load_tenants(conn: asyncpg.Connection | asyncpg.Pool) -> list[TenantConfig]:
+    rows = await conn.fetch(
+        """
+        SELECT t.*,
+          COALESCE((SELECT array_agg(alias ORDER BY alias) FROM tenant_aliases a
+                    WHERE a.host = t.host), '{}') AS aliases,
+          COALESCE((SELECT array_agg(pubkey ORDER BY pubkey) FROM tenant_members m
+                    WHERE m.host = t.host), '{}') AS members
+        FROM tenants t ORDER BY t.host
+        """
+    )
+    return [
+        TenantConfig(
+            host=r["host"],
+            **{c: r[c] for c in _COLUMNS},
+            limits=json.loads(r["limits"]),
+            aliases=list(r["aliases"]),
+            members=list(r["members"]),
+        )
+        for r in rows
+    ]
+
+
+async def get_tenant(conn: asyncpg.Connection, host: str) -> TenantConfig | None:
+    for cfg in await load_tenants(conn):
+        if cfg.host == host:
+            return cfg
+    return None
+
+
+async def host_taken(conn: asyncpg.Connection, host: str) -> bool:
+    return bool(
+        await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM tenants WHERE host = $1)"
+            " OR EXISTS (SELECT 1 FROM tenant_aliases WHERE alias = $1)",
+            host,
+        )
+    )
+
+
+async def add_tenant(conn: asyncpg.Connection, cfg: TenantConfig) -> None:
+    async with conn.transaction():
+        await conn.execute(
+            "INSERT INTO tenants (host, name, description, pubkey, contact, icon,"
+            " write_policy, auth_required, limits) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)",
+            cfg.host,
+            *(getattr(cfg, c) for c in _COLUMNS),
+            json.dumps(cfg.limits),
+        )
+        for alias in cfg.aliases:
+            await conn.execute("INSERT INTO tenant_aliases VALUES ($1, $2)", alias, cfg.host)
+        for pubkey in cfg.members:
+            await add_member(conn, cfg.host, pubkey)
+
+
+async def update_tenant(conn: asyncpg.Connection, host: str, **fields: Any) -> None:
+    """Set the given columns (and `limits`, merged into the stored overrides)."""
+    async with conn.transaction():
+        for column, value in fields.items():
+            if column == "limits":
+                await conn.execute(
+                    "UPDATE tenants SET limits = limits || $2::jsonb WHERE host = $1",
+                    host,
+                    json.dumps(value),
+                )
+            elif column == "aliases":
+                for alias in value:
+                    await conn.execute("INSERT INTO tenant_aliases VALUES ($1, $2)", alias, host)
+            elif column in _COLUMNS:
+                # column names come from the fixed tuple above, never from input
+                await conn.execute(f"UPDATE tenants SET {column} = $2 WHERE host = $1", host, value)
+            else:
+                raise ValueError(f"unknown tenant field {column!r}")
+
+
+async def event_count(conn: asyncpg.Connection, host: str) -> int:
+    return int(await conn.fetchval("SELECT count(*) FROM events WHERE tenant = $1", host))
+
+
+async def remove_tenant(conn: asyncpg.Connection, host: str, purge: bool) -> int:
+    """Delete the tenant (and with `purge` its events); returns the events deleted."""
+    async with conn.transaction():
+        deleted = 0
+        if purge:
+            deleted = int(
+                (await conn.execute("DELETE FROM events WHERE tenant = $1", host)).split()[-1]
+            )
+        await conn.execute("DELETE FROM tenants WHERE host = $1", host)
+        return deleted
+
+
+async def add_member(conn: asyncpg.Connection, host: str, pubkey: str) -> bool:
+    status = await conn.execute(
+        "INSERT INTO tenant_members (host, pubkey) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        host,
+        pubkey,
+    )
+    return status.endswith(" 1")
+
+
+async def remove_member(conn: asyncpg.Connection, host: str, pubkey: str) -> bool:
+    status = await conn.execute(
+        "DELETE FROM tenant_members WHERE host = $1 AND pubkey = $2", host, pubkey
+    )
+    return status.endswith(" 1")
+
+
+async def run_admin(dsn: str, action: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    """Migrate (so the tables exist), connect, run one admin action, disconnect."""
+    from relay.store import StoreError
+    from relay.store.migrate import migrate_url
+
+    try:
+        await migrate_url(dsn)
+        conn = await asyncpg.connect(dsn)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise StoreError(f"error: cannot reach the database: {exc}") from exc
+    try:
+        return await action(conn)
+    except asyncpg.PostgresError as exc:
+        raise StoreError(f"error: database error: {exc}") from exc
+    finally:
+        await conn.close()

@@ -1,0 +1,138 @@
+"""Tenants: communities served by one relay, bound from the HTTP Host header.
+
+Pure: configuration rows in, resolved `Tenant` objects out. The store loads the rows; the
+app polls for changes, so `engram tenant …` takes effect on running relays within seconds.
+With no tenant configured at all, one built-in tenant serves every host.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from relay.config import Limits, Settings
+from relay.policy import host_of
+from relay.store import DEFAULT_TENANT
+
+WRITE_POLICIES = ("open", "members")
+
+
+class TenantConfig(msgspec.Struct, kw_only=True):
+    """One tenant as stored (and as `engram tenant show` prints it)."""
+
+    host: str
+    name: str | None = None
+    description: str | None = None
+    pubkey: str | None = None
+    contact: str | None = None
+    icon: str | None = None
+    write_policy: str = "open"
+    auth_required: bool = False
+    limits: dict[str, Any] = msgspec.field(default_factory=dict)
+    aliases: list[str] = msgspec.field(default_factory=list)
+    members: list[str] = msgspec.field(default_factory=list)
+
+
+class Tenant(msgspec.Struct, frozen=True, kw_only=True):
+    """A tenant as the relay uses it: merged limits, member set, the hosts it answers."""
+
+    key: str  # the value of events.tenant
+    hosts: frozenset[str]
+    name: str
+    description: str
+    pubkey: str | None
+    contact: str | None
+    icon: str | None
+    members_only: bool
+    members: frozenset[str]
+    limits: Limits
+
+    def is_member(self, pubkey: str) -> bool:
+        return pubkey in self.members
+
+
+def merged_limits(base: Limits, overrides: dict[str, Any]) -> Limits:
+    """Global limits with a tenant's overrides; unknown or mistyped keys raise ValueError."""
+    data = msgspec.to_builtins(base)
+    unknown = set(overrides) - set(data)
+    if unknown:
+        raise ValueError(f"unknown limit(s): {', '.join(sorted(unknown))}")
+    data.update(overrides)
+    if "default_limit" not in overrides:  # lowering max_limit alone lowers the default too
+        data["default_limit"] = min(data["default_limit"], data["max_limit"])
+    try:
+        limits = msgspec.convert(data, Limits)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"invalid limit: {exc}") from exc
+    if limits.default_limit > limits.max_limit:
+        raise ValueError("default_limit must not exceed max_limit")
+    return limits
+
+
+def default_tenant(settings: Settings) -> Tenant:
+    return Tenant(
+        key=DEFAULT_TENANT,
+        hosts=frozenset(),
+        name=settings.relay_name,
+        description=settings.relay_description,
+        pubkey=settings.relay_pubkey,
+        contact=settings.relay_contact,
+        icon=None,
+        members_only=settings.limits.restricted_writes,
+        members=frozenset(),
+        limits=settings.limits,
+    )
+
+
+def build_tenant(cfg: TenantConfig, settings: Settings) -> Tenant:
+    overrides = dict(cfg.limits)
+    overrides["auth_required"] = cfg.auth_required or bool(overrides.get("auth_required"))
+    overrides["restricted_writes"] = cfg.write_policy == "members"
+    return Tenant(
+        key=cfg.host,
+        hosts=frozenset([cfg.host, *cfg.aliases]),
+        name=cfg.name or cfg.host,
+        description=cfg.description or settings.relay_description,
+        pubkey=cfg.pubkey,
+        contact=cfg.contact,
+        icon=cfg.icon,
+        members_only=cfg.write_policy == "members",
+        members=frozenset(cfg.members),
+        limits=merged_limits(settings.limits, overrides),
+    )
+
+
+class TenantRegistry:
+    """Host -> Tenant, swapped whole on every reload (readers never see a half state)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.default = default_tenant(settings)
+        self.version = -1
+        self._by_host: dict[str, Tenant] = {}
+
+    def load(self, configs: list[TenantConfig], version: int) -> None:
+        by_host: dict[str, Tenant] = {}
+        for cfg in configs:
+            tenant = build_tenant(cfg, self.settings)
+            for host in tenant.hosts:
+                by_host[host] = tenant
+        self._by_host = by_host
+        self.version = version
+
+    def current(self, tenant: Tenant) -> Tenant:
+        """The live version of a tenant a connection was bound to (itself if removed)."""
+        if tenant.key == DEFAULT_TENANT and not self._by_host:
+            return self.default
+        return self._by_host.get(tenant.key, tenant)
+
+    @property
+    def multi(self) -> bool:
+        return bool(self._by_host)
+
+    def resolve(self, host_header: str) -> Tenant | None:
+        """The tenant for a Host header; None means "unknown host" (answer 404)."""
+        if not self._by_host:
+            return self.default
+        return self._by_host.get(host_of(host_header))
