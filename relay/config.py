@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import os
 import tomllib
+import types
+import typing
 from typing import Any
 
 import msgspec
+
+from relay.ratelimit import RateLimits
 
 KIND_ENGRAM = 30174
 KIND_AUTH = 22242
@@ -33,6 +37,26 @@ class Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     created_at_upper_limit: int = 900  # seconds into the future
     auth_required: bool = False
     restricted_writes: bool = False
+    min_pow_difficulty: int = 0  # NIP-13: leading zero bits an event id must have
+
+
+class Retention(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`[retention]`: prune old events in the background (relay.retention); off by default."""
+
+    older_than: str = ""  # e.g. "90d"; empty = retention off
+    kinds: list[int] | None = None  # only these kinds (default: every regular kind)
+    include_replaceable: bool = False  # also replaceable/addressable heads (engrams 30174)
+    interval: str = "1h"  # time between passes
+    batch: int = 5_000  # rows per DELETE transaction
+
+    def __post_init__(self) -> None:
+        if self.older_than:  # ValueError here becomes a ConfigError naming the setting
+            from relay.retention import parse_duration
+
+            parse_duration(self.older_than)
+            parse_duration(self.interval)
+            if self.batch < 1:
+                raise ValueError("retention.batch must be at least 1")
 
 
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -47,15 +71,23 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     relay_pubkey: str | None = None
     relay_contact: str | None = None
     limits: Limits = msgspec.field(default_factory=Limits)
+    rate: RateLimits = msgspec.field(default_factory=RateLimits)
+    retention: Retention = msgspec.field(default_factory=Retention)
     tenant_refresh_seconds: float = 2.0  # how soon `engram tenant …` changes take effect
     auth_window_seconds: int = 600  # NIP-42: AUTH created_at within 10 minutes
     send_queue_max: int = 1_000  # frames buffered per connection before it is dropped
     send_queue_bytes: int = 4 * 1024 * 1024  # ... or bytes buffered, whichever comes first
     in_flight_max: int = 256  # frames handled concurrently per connection (then backpressure)
     write_batch_max: int = 500  # events per group-commit transaction
+    ping_interval_seconds: float = 30.0  # websocket ping of every connection...
+    ping_timeout_seconds: float = 20.0  # ...closed when the pong is this late (dead peer)
+    query_timeout_seconds: float = 10.0  # statement timeout of every REQ/COUNT query
+    expired_purge_seconds: float = 60.0  # NIP-40: how often expired events are purged
+    bus_poll_seconds: float = 1.0  # cross-node tail read without a wake-up (fallback)
     db_pool_min: int = 2
     db_pool_max: int = 10
-    log_level: str = "info"
+    log_level: str = "info"  # debug | info | warning | error | critical
+    log_format: str = "text"  # text (human-readable) | json (one JSON object per line)
 
 
 class ConfigError(ValueError):
@@ -75,8 +107,101 @@ def _coerce(value: str, current: Any, name: str) -> Any:
         try:
             return kind(value)
         except ValueError as exc:
-            raise ConfigError(f"{name}: expected a number, got {value!r}") from exc
+            raise ConfigError(f"{name}: expected {_TYPE_NAMES[kind]}, got {value!r}") from exc
     return value
+
+
+_TYPE_NAMES: dict[Any, str] = {
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean (true/false)",
+    str: "a string",
+    list: "a list",
+    dict: "a table",
+}
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("text", "json")
+
+
+def _describe(tp: Any) -> str:
+    """'an integer', 'a string', ... for a field's type (None-able types as the type)."""
+    args = [a for a in (typing.get_args(tp) if _is_union(tp) else (tp,)) if a is not type(None)]
+    names = []
+    for a in args:
+        name = _TYPE_NAMES.get(typing.get_origin(a) or a, f"a {getattr(a, '__name__', a)}")
+        item = typing.get_args(a)
+        if name == "a list" and len(item) == 1:  # list[int]: "a list of integers"
+            name += " of " + _TYPE_NAMES.get(item[0], "a value").split(" ", 1)[1] + "s"
+        names.append(name)
+    return " or ".join(dict.fromkeys(names))
+
+
+def _is_union(tp: Any) -> bool:
+    return isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union
+
+
+def _is_table(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, msgspec.Struct)
+
+
+def _check_table(data: dict[str, Any], struct: type, prefix: str, source: str) -> None:
+    """Every key of a TOML table is a known setting of the right type, or ConfigError."""
+    fields = {f.name: f.type for f in msgspec.structs.fields(struct)}
+    for key, value in data.items():
+        name = prefix + key
+        if key not in fields:
+            raise ConfigError(f"unknown setting {name!r} in {source}")
+        tp = fields[key]
+        if _is_table(tp):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{name}: expected a table [{name}], got {value!r} in {source}")
+            _check_table(value, tp, name + ".", source)
+            continue
+        try:
+            msgspec.convert(value, tp)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(
+                f"{name}: expected {_describe(tp)}, got {value!r} in {source}"
+            ) from exc
+
+
+def _explain(exc: msgspec.ValidationError) -> str:
+    """msgspec's "Expected `int`, got `str` - at `$.limits.max_limit`", naming the setting."""
+    text = str(exc)
+    what, sep, where = text.rpartition(" - at `$")
+    if not sep:
+        return f"invalid setting: {text}"
+    where = where.rstrip("`").lstrip(".")
+    if what.startswith("Object contains unknown field `"):
+        key = what.split("`")[1]
+        return f"unknown setting {(where + '.' if where else '') + key!r}"
+    return f"{where or 'settings'}: {what[:1].lower()}{what[1:]}"
+
+
+def _check_values(settings: Settings) -> None:
+    """Ranges and choices, each error naming its setting."""
+    if settings.log_level.lower() not in LOG_LEVELS:
+        raise ConfigError(
+            f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {settings.log_level!r}"
+        )
+    if settings.log_format not in LOG_FORMATS:
+        raise ConfigError(
+            f"log_format: expected one of {', '.join(LOG_FORMATS)}, got {settings.log_format!r}"
+        )
+    if not 0 <= settings.port <= 65535:
+        raise ConfigError(f"port: expected 0-65535, got {settings.port}")
+    tables: list[tuple[str, msgspec.Struct]] = [("", settings)]
+    while tables:
+        prefix, table = tables.pop()
+        for f in msgspec.structs.fields(table):
+            value = getattr(table, f.name)
+            if isinstance(value, msgspec.Struct):
+                tables.append((f"{prefix}{f.name}.", value))
+            elif isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+                raise ConfigError(f"{prefix}{f.name}: must not be negative, got {value}")
+    for name in ("write_batch_max", "db_pool_max", "in_flight_max", "send_queue_bytes"):
+        if getattr(settings, name) < 1:
+            raise ConfigError(f"{name}: must be at least 1, got {getattr(settings, name)}")
 
 
 def load_settings(
@@ -86,7 +211,8 @@ def load_settings(
 ) -> Settings:
     """Defaults, then the TOML file, then `ENGRAM_*` variables, then explicit overrides.
 
-    Nested limit fields are read from env as `ENGRAM_LIMITS_MAX_LIMIT` etc.
+    Nested tables are read from env as `ENGRAM_<TABLE>_<FIELD>`, e.g.
+    `ENGRAM_LIMITS_MAX_LIMIT` or `ENGRAM_RATE_EVENTS_PER_SECOND`.
     """
     env = dict(os.environ if env is None else env)
     data: dict[str, Any] = {}
@@ -97,30 +223,35 @@ def load_settings(
                 data = tomllib.load(fh)
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"config file {config_file}: {exc}") from exc
+        _check_table(data, Settings, "", config_file)
     base = msgspec.to_builtins(Settings())
     for field, default in base.items():
-        if field == "limits":
+        if isinstance(default, dict):  # a nested table: ENGRAM_<TABLE>_<FIELD>
+            table = dict(data.get(field) or {})
+            for sub, sub_default in default.items():
+                key = f"{ENV_PREFIX}{field.upper()}_{sub.upper()}"
+                if key in env:
+                    table[sub] = _coerce(env[key], sub_default, key)
+            if table:
+                data[field] = table
             continue
         key = ENV_PREFIX + field.upper()
         if key in env:
             data[field] = _coerce(env[key], default, key)
-    limits = dict(data.get("limits") or {})
-    for field, default in base["limits"].items():
-        key = f"{ENV_PREFIX}LIMITS_{field.upper()}"
-        if key in env:
-            limits[field] = _coerce(env[key], default, key)
-    if limits:
-        data["limits"] = limits
     for k, v in overrides.items():
         if v is not None:
             data[k] = v
     try:
         settings = msgspec.convert(data, Settings)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid setting: {exc}") from exc
+        raise ConfigError(_explain(exc)) from exc
+    _check_values(settings)
     lim = settings.limits
     if lim.default_limit > lim.max_limit:
-        raise ConfigError("limits.default_limit must not exceed limits.max_limit")
+        if "default_limit" in (data.get("limits") or {}):
+            raise ConfigError("limits.default_limit must not exceed limits.max_limit")
+        # lowering max_limit alone lowers the default with it
+        settings.limits = msgspec.structs.replace(lim, default_limit=lim.max_limit)
     if settings.send_queue_max <= settings.in_flight_max:
         # a burst of OKs for every in-flight EVENT must fit, or a fast client looks slow
         raise ConfigError("send_queue_max must be larger than in_flight_max")

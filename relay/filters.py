@@ -6,12 +6,13 @@ and the Postgres query path is tested against it.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
 
 from engram.nip01 import Event, is_hex
-from relay.config import Limits
+from relay.config import KIND_ENGRAM, Limits
 
 _decode_obj = msgspec.json.Decoder(dict[str, Any])
 _MAX_INT = 2**63 - 1
@@ -59,7 +60,7 @@ def parse_filter(raw: bytes | dict[str, Any], limits: Limits) -> Filter:
             obj = _decode_obj.decode(raw)
         except msgspec.ValidationError as exc:
             raise FilterError("filter must be a JSON object") from exc
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:
             raise FilterError("filter is not valid JSON") from exc
     else:
         obj = raw
@@ -94,6 +95,21 @@ def parse_filter(raw: bytes | dict[str, Any], limits: Limits) -> Filter:
     return f
 
 
+_WORD = re.compile(r"\w+")
+
+
+def search_matches(query: str, event: Event) -> bool:
+    """NIP-50 for live events: every word of the query is a word of the content.
+
+    The stored path uses PostgreSQL full text ('simple' configuration); this agrees with
+    it on plain word queries. Engram content is ciphertext and never matches.
+    """
+    if event.kind == KIND_ENGRAM:
+        return False
+    words = set(_WORD.findall(event.content.lower()))
+    return all(w in words for w in _WORD.findall(query.lower()))
+
+
 def matches(f: Filter, event: Event) -> bool:
     """NIP-01 semantics: every given field must match; within a field any value may."""
     if f.ids is not None and event.id not in f.ids:
@@ -109,7 +125,7 @@ def matches(f: Filter, event: Event) -> bool:
     for letter, values in f.tags.items():
         if not any(len(t) >= 2 and t[0] == letter and t[1] in values for t in event.tags):
             return False
-    return True
+    return f.search is None or search_matches(f.search, event)
 
 
 def matches_any(filters: list[Filter], event: Event) -> bool:

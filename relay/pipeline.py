@@ -14,10 +14,12 @@ from collections.abc import Callable
 import msgspec
 
 from engram.nip01 import Event
-from relay import policy, validate, wire
+from relay import metrics, policy, validate, wire
+from relay.bus import EventBus
 from relay.config import Limits, Settings
 from relay.fanout import FanOut
 from relay.filters import Filter, FilterError, parse_filter
+from relay.ratelimit import ConnectionAllowance, RateLimiter
 from relay.session import Session
 from relay.store import EventStore, SaveStatus, StoreError
 from relay.tenants import Tenant, TenantRegistry
@@ -40,11 +42,14 @@ class Relay:
         store: EventStore,
         clock: Callable[[], float] = time.time,
         tenants: TenantRegistry | None = None,
+        bus: EventBus | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.tenants = tenants or TenantRegistry(settings)
         self.fanouts: defaultdict[str, FanOut] = defaultdict(FanOut)
+        self.limiter = RateLimiter(settings.rate)
+        self.bus = bus
         self.clock = clock
 
     def tenant_of(self, session: Session) -> Tenant:
@@ -67,9 +72,15 @@ class Relay:
         try:
             msg = wire.decode(frame)
         except wire.WireError as exc:
+            metrics.message(tenant.key, None)
             session.send(exc.reply)
             return
-        if isinstance(msg, wire.EventMsg):
+        metrics.message(tenant.key, msg)
+        limited = self.rate_limited(session, msg)
+        if limited:
+            metrics.limited(tenant.key, msg)
+            session.send(limited)
+        elif isinstance(msg, wire.EventMsg):
             session.send(await self.ingest(session, tenant, msg.event))
         elif isinstance(msg, wire.ReqMsg):
             await self.request(session, tenant, msg.sub_id, msg.filters)
@@ -78,29 +89,67 @@ class Relay:
         elif isinstance(msg, wire.AuthMsg):
             session.send(self.authenticate(session, tenant, msg.event))
         elif isinstance(msg, wire.CountMsg):
-            session.send(wire.closed(msg.sub_id, Reason.INVALID("COUNT is not supported")))
+            session.send(await self.count(session, tenant, msg.sub_id, msg.filters))
+
+    def rate_limited(self, session: Session, msg: wire.Message) -> bytes | None:
+        """The reply refusing a message over the connection's or address's rate, if any."""
+        allow = session.allowance
+        if allow is None:
+            return None
+        now = self.clock()
+        why = RateLimiter.check_message(allow, now)
+        if not why and isinstance(msg, wire.EventMsg):
+            why = RateLimiter.check_event(allow, now)
+        if not why and isinstance(msg, wire.ReqMsg | wire.CountMsg):
+            open_subs = sum(
+                self.fanouts[session.tenant.key].count_for(s)  # type: ignore[arg-type]
+                for s in allow.address.sessions
+            )
+            if not self.fanouts[session.tenant.key].has(session, msg.sub_id):
+                why = self.limiter.check_subscriptions(allow, open_subs)
+        if not why:
+            return None
+        if isinstance(msg, wire.EventMsg):
+            return wire.ok(msg.event.id, False, why)
+        if isinstance(msg, wire.ReqMsg | wire.CountMsg):
+            return wire.closed(msg.sub_id, why)
+        return wire.notice(why)
 
     # -- EVENT ------------------------------------------------------------------
 
     async def ingest(self, session: Session, tenant: Tenant, event: Event) -> bytes:
-        """Validate, authorize, store, then fan out; returns the OK frame."""
+        """An EVENT from a connection: the OK frame that answers it."""
+        accepted, message = await self.admit(tenant, event, session)
+        metrics.event_result(tenant.key, event.kind, accepted, message)
+        return wire.ok(event.id, accepted, message)
+
+    async def admit(
+        self, tenant: Tenant, event: Event, session: Session | None = None
+    ) -> tuple[bool, str]:
+        """Validate, authorize, store, then fan out: (accepted, OK message).
+
+        `session` None is the operator's own path (`engram import`): same validation and
+        store rules, no per-connection write policy.
+        """
         now = int(self.clock())
-        why = validate.check_event(event, tenant.limits, now) or policy.check_write(
-            event, session.authed, session.admitted, tenant
-        )
+        why = validate.check_event(event, tenant.limits, now)
+        if not why and session is not None:
+            why = policy.check_write(event, session.authed, session.admitted, tenant)
         if why:
-            return wire.ok(event.id, False, why)
+            return False, why
         raw = wire.encode_event(event)
         if validate.is_ephemeral(event.kind):
-            self.fanouts[tenant.key].publish(event, raw)
-            return wire.ok(event.id, True)
+            self.publish_live(tenant.key, event, raw)
+            if self.bus is not None:
+                await self.bus.publish_ephemeral(tenant.key, raw)
+            return True, ""
         result = await self.store.save(event, raw, tenant.key)
         if result.status is SaveStatus.STORED:
-            self.fanouts[tenant.key].publish(event, raw)
-            return wire.ok(event.id, True)
-        if result.status is SaveStatus.ERROR:
-            return wire.ok(event.id, False, result.message or Reason.ERROR("could not store"))
-        return wire.ok(event.id, True, _SAVE_REPLY[result.status])
+            self.publish_live(tenant.key, event, raw)
+            return True, ""
+        if result.status in (SaveStatus.ERROR, SaveStatus.BLOCKED):
+            return False, result.message or Reason.ERROR("could not store")
+        return True, _SAVE_REPLY[result.status]
 
     # -- REQ --------------------------------------------------------------------
 
@@ -120,20 +169,45 @@ class Relay:
         except FilterError as exc:
             return wire.closed(sub_id, Reason.INVALID(str(exc)))
 
+    def readable_filters(
+        self, session: Session, tenant: Tenant, sub_id: str, raws: list[msgspec.Raw]
+    ) -> list[Filter] | bytes:
+        """Parsed filters the session may run, or the CLOSED frame refusing them.
+
+        The engram read gate runs here, before anything (search included) looks at them.
+        """
+        filters = self.parse_filters(sub_id, raws, tenant.limits)
+        if isinstance(filters, bytes):
+            return filters
+        for f in filters:
+            why = policy.check_read(f, session.authed, tenant.limits)
+            if why:
+                return wire.closed(sub_id, why)
+        return filters
+
+    async def count(
+        self, session: Session, tenant: Tenant, sub_id: str, raws: list[msgspec.Raw]
+    ) -> bytes:
+        """NIP-45: the number of matching events, under the same authorization as REQ."""
+        filters = self.readable_filters(session, tenant, sub_id, raws)
+        if isinstance(filters, bytes):
+            return filters
+        try:
+            n = await self.store.count(filters, tenant.key, session.authed)
+        except StoreError as exc:
+            return wire.closed(sub_id, str(exc))
+        return wire.count(sub_id, n)
+
     async def request(
         self, session: Session, tenant: Tenant, sub_id: str, raws: list[msgspec.Raw]
     ) -> None:
         """Stored events newest first, EOSE, then live events until CLOSE."""
+        started = metrics.start()
         lim = tenant.limits
-        filters = self.parse_filters(sub_id, raws, lim)
+        filters = self.readable_filters(session, tenant, sub_id, raws)
         if isinstance(filters, bytes):
             session.send(filters)
             return
-        for f in filters:  # the read gate runs before anything else looks at the filter
-            why = policy.check_read(f, session.authed, lim)
-            if why:
-                session.send(wire.closed(sub_id, why))
-                return
         fanout = self.fanouts[tenant.key]
         if not fanout.has(session, sub_id) and fanout.count_for(session) >= lim.max_subscriptions:
             session.send(
@@ -158,6 +232,7 @@ class Relay:
             await session.send_wait(wire.event_frame(sub.prefix, raw))
         if not fanout.is_current(sub):
             return
+        metrics.req_done(tenant.key, started)
         session.send(wire.eose(sub_id))
         fanout.go_live(sub, {wire.raw_id(raw) for raw in rows})
 
@@ -177,6 +252,28 @@ class Relay:
         session.admitted = admitted
         return wire.ok(event.id, True)
 
+    def deliver_remote(self, tenant: str, raw: bytes) -> None:
+        """An event another node stored or published: to this node's subscribers."""
+        fanout = self.fanouts.get(tenant)
+        if fanout is None or not len(fanout):
+            return
+        try:
+            event = wire.decode_stored(raw)
+        except ValueError:
+            log.warning("undecodable event from the bus ignored")
+            return
+        self.publish_live(tenant, event, raw)
+
+    def publish_live(self, tenant: str, event: Event, raw: bytes) -> None:
+        """To this node's matching subscribers, counted."""
+        metrics.live_sent(tenant, self.fanouts[tenant].publish(event, raw))
+
+    def connect(self, tenant: Tenant, ip: str) -> ConnectionAllowance | None:
+        """Admit a new connection from `ip`, or None when the address has too many."""
+        return self.limiter.connect(tenant.key, ip, self.clock())
+
     def disconnect(self, session: Session) -> None:
         session.closed = True
         self.fanouts[session.tenant.key].drop_connection(session)
+        if session.allowance is not None:
+            self.limiter.disconnect(session.tenant.key, session.ip, session)

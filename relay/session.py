@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from engram.nipoa import Clause
+from relay.ratelimit import ConnectionAllowance
 from relay.tenants import Tenant
 
 
@@ -17,10 +18,12 @@ class Session:
         "_send",
         "_send_wait",
         "admitted",
+        "allowance",
         "authed",
         "challenge",
         "closed",
         "host",
+        "ip",
         "tenant",
     )
 
@@ -31,10 +34,14 @@ class Session:
         send: Callable[[bytes], None],
         send_wait: Callable[[bytes], Awaitable[None]],
         tenant: Tenant,
+        ip: str = "",
+        allowance: ConnectionAllowance | None = None,
     ) -> None:
         self.challenge = challenge
         self.host = host
         self.tenant = tenant
+        self.ip = ip
+        self.allowance = allowance  # rate-limit buckets (None: unlimited, e.g. tests)
         self.authed: str | None = None
         # NIP-OA: the clauses of the member owner's attestation that admitted `authed`
         self.admitted: tuple[Clause, ...] | None = None

@@ -87,7 +87,11 @@ def default_tenant(settings: Settings) -> Tenant:
 
 def build_tenant(cfg: TenantConfig, settings: Settings) -> Tenant:
     overrides = dict(cfg.limits)
-    overrides["auth_required"] = cfg.auth_required or bool(overrides.get("auth_required"))
+    overrides["auth_required"] = (
+        cfg.auth_required
+        or bool(overrides.get("auth_required"))
+        or settings.limits.auth_required  # a relay-wide requirement binds every tenant
+    )
     overrides["restricted_writes"] = cfg.write_policy == "members"
     return Tenant(
         key=cfg.host,

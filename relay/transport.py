@@ -14,9 +14,10 @@ import contextlib
 import logging
 import secrets
 
+from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket
 
-from relay import wire
+from relay import metrics, wire
 from relay.pipeline import Relay
 from relay.session import Session
 from relay.tenants import Tenant
@@ -59,6 +60,7 @@ class Connection:
             return
         if self._full(len(frame)):
             self.overflowed = True
+            metrics.slow_consumer(len(self.frames))
             log.warning("slow consumer disconnected (send queue full)")
             self.frames.clear()
             self.queued_bytes = 0
@@ -96,12 +98,37 @@ class Connection:
             await send({"type": "websocket.send", "text": frame.decode()})
 
 
+def client_ip(ws: WebSocket, trust_forwarded_for: bool) -> str:
+    """The peer address; behind a trusted proxy, the first X-Forwarded-For entry."""
+    if trust_forwarded_for:
+        forwarded = ws.headers.get("x-forwarded-for", "")
+        if forwarded:
+            return forwarded.split(",")[0].strip()
+    return ws.client.host if ws.client else ""
+
+
 async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
+    ip = client_ip(ws, relay.settings.rate.trust_forwarded_for)
+    allowance = relay.connect(tenant, ip)
+    if allowance is None:
+        await ws.send_denial_response(
+            PlainTextResponse(
+                "rate-limited: too many connections from your address\n", status_code=429
+            )
+        )
+        return
     await ws.accept()
     conn = Connection(ws, relay.settings.send_queue_max, relay.settings.send_queue_bytes)
     session = Session(
-        secrets.token_hex(16), ws.headers.get("host", ""), conn.send, conn.send_wait, tenant
+        secrets.token_hex(16),
+        ws.headers.get("host", ""),
+        conn.send,
+        conn.send_wait,
+        tenant,
+        ip,
+        allowance,
     )
+    allowance.address.sessions.add(session)
     writer = asyncio.create_task(conn.writer())
     tasks: set[asyncio.Task[None]] = set()
     slots = asyncio.Semaphore(relay.settings.in_flight_max)
@@ -130,11 +157,13 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
 
     session.send(wire.auth_challenge(session.challenge))
     reader = asyncio.create_task(read())
+    metrics.connection_opened(tenant.key)
     try:
         # whichever ends first ends the connection: the client leaving, or the writer
         # giving up on a reader that fell too far behind
         await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        metrics.connection_closed(tenant.key)
         relay.disconnect(session)
         for task in (reader, writer, *tasks):
             task.cancel()

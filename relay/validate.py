@@ -56,6 +56,39 @@ def check_shape(event: Event, limits: Limits, now: int) -> str | None:
     return None
 
 
+def expiration_of(tags: list[list[str]]) -> int | None:
+    """NIP-40: the first `expiration` tag (unix seconds), None when absent or malformed."""
+    for tag in tags:
+        if len(tag) >= 2 and tag[0] == "expiration":
+            value = tag[1]
+            return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else None
+    return None
+
+
+def check_expiration(event: Event, now: int) -> str | None:
+    expires = expiration_of(event.tags)
+    if expires is not None and expires <= now:
+        return Reason.INVALID(f"event expired at {expires} (NIP-40)")
+    return None
+
+
+def pow_difficulty(event_id: str) -> int:
+    """NIP-13: the number of leading zero bits of the id."""
+    bits = 0
+    for ch in event_id:
+        nibble = int(ch, 16)
+        if nibble:
+            return bits + 4 - nibble.bit_length()
+        bits += 4
+    return bits
+
+
+def check_pow(event: Event, minimum: int) -> str | None:
+    if minimum and pow_difficulty(event.id) < minimum:
+        return Reason.POW(f"difficulty {pow_difficulty(event.id)} is less than {minimum} (NIP-13)")
+    return None
+
+
 def check_kind(event: Event) -> str | None:
     """Per-kind rules: AUTH events travel only in AUTH; engrams must look like engrams."""
     if event.kind == KIND_AUTH:
@@ -81,15 +114,9 @@ def check_event(event: Event, limits: Limits, now: int) -> str | None:
     """The whole stateless validity of an event, in cost order."""
     return (
         check_shape(event, limits, now)
+        or check_expiration(event, now)
         or check_kind(event)
+        or check_pow(event, limits.min_pow_difficulty)
         or check_id(event)
         or check_signature(event)
     )
-
-
-def d_tag_of(event: Event) -> str:
-    """The first `d` tag value ('' when absent), the address part of addressable events."""
-    for tag in event.tags:
-        if len(tag) >= 2 and tag[0] == "d":
-            return tag[1]
-    return ""

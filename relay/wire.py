@@ -73,7 +73,7 @@ def _id_of(raw: msgspec.Raw) -> str | None:
     """The event id from a malformed event object, when it can be read, to answer OK."""
     try:
         eid = _obj.decode(raw).get("id")
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
     return eid if isinstance(eid, str) and is_hex(eid, 64) else None
 
@@ -83,7 +83,7 @@ def _decode_event(raw: msgspec.Raw, verb: str) -> Event:
         return _event.decode(raw)
     except msgspec.ValidationError as exc:
         why = Reason.INVALID(f"malformed event: {exc}")
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         why = Reason.INVALID("event is not valid JSON")
     eid = _id_of(raw)
     if eid is not None:
@@ -109,6 +109,8 @@ def decode(frame: bytes | str) -> Message:
         raise WireError(notice(Reason.INVALID("message must be a JSON array"))) from exc
     except msgspec.DecodeError as exc:
         raise WireError(notice(Reason.INVALID("message is not valid JSON"))) from exc
+    except RecursionError as exc:  # msgspec recurses per nesting level
+        raise WireError(notice(Reason.INVALID("message is nested too deeply"))) from exc
     if not items:
         raise WireError(notice(Reason.INVALID("empty message")))
     try:
@@ -138,6 +140,14 @@ def decode(frame: bytes | str) -> Message:
 def encode_event(event: Event) -> bytes:
     """The compact JSON of an event, the form stored and served."""
     return encode(event)
+
+
+def decode_stored(raw: bytes) -> Event:
+    """An event the relay stored itself (already validated); ValueError if it is not one."""
+    try:
+        return _event.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(str(exc)) from exc
 
 
 def ok(event_id: str, accepted: bool, message: str = "") -> bytes:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from typing import Any
 
 import msgspec
@@ -122,3 +124,30 @@ class Client:
 
 def pub(seckey: bytes) -> str:
     return pubkey_of(seckey)
+
+
+def raw_ws(port: int, rcvbuf: int = 4096) -> socket.socket:
+    """A websocket client on a bare socket with a small receive window, that reads only
+    when told to: the honest model of a subscriber that stopped reading."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(
+        b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return sock
+
+
+def raw_ws_send(sock: socket.socket, text: str) -> None:
+    data = text.encode()
+    mask = os.urandom(4)
+    n = len(data)
+    header = bytes([0x81]) + (
+        bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big")
+    )
+    sock.sendall(header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))

@@ -6,13 +6,12 @@ import asyncio
 import json
 import os
 import random
-import socket
 import time
 import urllib.request
 
 import msgspec
 import pytest
-from nostr_client import Client
+from nostr_client import Client, raw_ws, raw_ws_send
 from relay_fixtures import create_database_sync, launch_relay
 
 from engram.nip01 import Event, pubkey_of, sign_event
@@ -191,7 +190,7 @@ async def test_limit_clamped_and_default_limit(small_relay):
 async def test_nip11_numbers_are_the_enforced_ones(small_relay):
     doc = nip11(small_relay)
     lim = doc["limitation"]
-    assert doc["supported_nips"] == [1, 11, 42]
+    assert doc["supported_nips"] == [1, 9, 11, 13, 40, 42, 45, 50]
     for name in [
         "max_message_length",
         "max_subscriptions",
@@ -444,33 +443,6 @@ async def test_nip11_document(shared_relay):
     assert doc["limitation"]["max_limit"] >= doc["limitation"]["default_limit"]
     with urllib.request.urlopen(shared_relay.http_url + "/", timeout=5) as r:
         assert r.status == 200 and "relay" in r.read().decode()
-
-
-def raw_ws(port: int, rcvbuf: int = 4096) -> socket.socket:
-    """A websocket client on a bare socket with a small receive window, that reads only
-    when told to: the honest model of a subscriber that stopped reading."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    sock.connect(("127.0.0.1", port))
-    sock.sendall(
-        b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-    )
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += sock.recv(1)
-    assert head.startswith(b"HTTP/1.1 101"), head
-    return sock
-
-
-def raw_ws_send(sock: socket.socket, text: str) -> None:
-    data = text.encode()
-    mask = os.urandom(4)
-    n = len(data)
-    header = bytes([0x81]) + (
-        bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big")
-    )
-    sock.sendall(header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
 
 
 async def test_slow_consumer_is_disconnected_others_unaffected(relay):

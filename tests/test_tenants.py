@@ -134,6 +134,17 @@ async def test_tenants_are_isolated(tenanted):
         with pytest.raises(asyncio.TimeoutError):  # B's live subscriber saw nothing of A
             await live_b.recv(timeout=0.7)
 
+        await a.send(["COUNT", "n", flt])
+        assert (await a.expect("COUNT"))[2] == {"count": 3}
+        await b.send(["COUNT", "n", flt])
+        assert (await b.expect("COUNT"))[2] == {"count": 2}
+        # deleting on A (by id and by address) leaves B's copies alone
+        deletion = ev(MEMBER, 5, [("e", shared.id), ("a", f"0:{pubkey_of(MEMBER)}:")])
+        assert (await a.publish(deletion))[2] is True
+        assert {e["id"] for e in await a.query(flt)} == {only_a.id, deletion.id}
+        assert {e["id"] for e in await b.query(flt)} == {shared.id, meta_b.id}
+        assert (await b.publish(shared))[3].startswith("duplicate:")  # not blocked on B
+
         # an AUTH made for A is refused on B
         auth_a = sign_event(
             MEMBER,

@@ -21,6 +21,7 @@ class SaveStatus(enum.Enum):
     STORED = "stored"  # new row, or it replaced an older head: fan it out
     DUPLICATE = "duplicate"  # exact id already stored
     STALE = "stale"  # lost the replaceable/addressable race: an equal-or-newer head exists
+    BLOCKED = "blocked"  # its author deleted it (NIP-09): refused for good
     ERROR = "error"  # this event could not be stored (message says why)
 
 
@@ -50,6 +51,15 @@ class EventStore(Protocol):
         Each filter's `limit` is already clamped by the caller and always set. Events of
         kind 30174 are returned only when `viewer` is their author or their `p`.
         """
+        ...
+
+    async def count(
+        self,
+        filters: list[Filter],
+        tenant: str = DEFAULT_TENANT,
+        viewer: str | None = None,
+    ) -> int:
+        """NIP-45: distinct events matching any filter (limits ignored), same gate."""
         ...
 
     async def close(self) -> None: ...

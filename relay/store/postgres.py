@@ -11,16 +11,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
+import uuid
 from typing import Any
 
 import asyncpg
 
 from engram.nip01 import Event
+from relay import metrics
 from relay.config import Settings
 from relay.filters import Filter
 from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError, tenants
 from relay.store import sql as q
-from relay.store.migrate import apply_migrations
+from relay.store.migrate import apply_migrations, migration_status
 from relay.store.sql import Row, RowError, encode_row
 from relay.tenants import TenantConfig
 
@@ -37,11 +40,22 @@ STALE = SaveResult(SaveStatus.STALE, "duplicate: have a newer version of this ev
 CLOSED = SaveResult(SaveStatus.ERROR, "error: the store is closed")
 
 
-class _Pending:
-    __slots__ = ("future", "row", "tenant")
+BLOCKED = SaveResult(SaveStatus.BLOCKED, "blocked: this event was deleted by its author")
 
-    def __init__(self, tenant: str, row: Row, future: asyncio.Future[SaveResult]) -> None:
-        self.tenant, self.row, self.future = tenant, row, future
+DeletionTargets = tuple[list[bytes], list[tuple[int, str]]]
+
+
+class _Pending:
+    __slots__ = ("deletes", "future", "row", "tenant")
+
+    def __init__(
+        self,
+        tenant: str,
+        row: Row,
+        future: asyncio.Future[SaveResult],
+        deletes: DeletionTargets | None = None,
+    ) -> None:
+        self.tenant, self.row, self.future, self.deletes = tenant, row, future, deletes
 
     @property
     def key(self) -> tuple[str, bytes]:
@@ -75,7 +89,10 @@ class PostgresStore:
 
     def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
         self._pool = pool
+        metrics.watch_pool(self, pool)
         self._batch_max = max(1, settings.write_batch_max)
+        self._query_timeout = settings.query_timeout_seconds
+        self.node_id = uuid.uuid4().hex  # `origin` of the rows this process stores
         self._pending: collections.deque[_Pending] = collections.deque()
         self._wakeup = asyncio.Event()
         self._closing = False
@@ -123,7 +140,8 @@ class PostgresStore:
         except RowError as exc:
             return SaveResult(SaveStatus.ERROR, str(exc))
         future: asyncio.Future[SaveResult] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(tenant, row, future))
+        deletes = q.deletion_targets(event) if event.kind == q.KIND_DELETION else None
+        self._pending.append(_Pending(tenant, row, future, deletes))
         self._wakeup.set()
         return await future
 
@@ -141,6 +159,7 @@ class PostgresStore:
                 p = self._pending.popleft()
                 batch.append(p)
                 size += len(p.row[9])
+            started = metrics.start()
             try:
                 results = await self._write(batch)
             except BaseException as exc:  # a bug or cancellation: never leave callers hanging
@@ -152,6 +171,7 @@ class PostgresStore:
                     raise
                 log.exception("store writer failed")
                 continue
+            metrics.batch_written(len(batch), started)
             for p, result in zip(batch, results, strict=True):
                 if not p.future.done():
                     p.future.set_result(result)
@@ -163,7 +183,10 @@ class PostgresStore:
                 self._pool.acquire(timeout=_ACQUIRE_TIMEOUT) as conn,
                 conn.transaction(),
             ):
-                return await self._insert_batch(conn, batch)
+                results = await self._insert_batch(conn, batch)
+                if STORED in results:  # delivered with the commit, never before it
+                    await conn.execute(q.NOTIFY_STORED)
+                return results
         except Exception as exc:
             log.warning("batch of %d failed (%s); retrying one by one", len(batch), _reason(exc))
         return await self._write_one_by_one(batch)
@@ -176,7 +199,12 @@ class PostgresStore:
         winner: dict[tuple[str, bytes, int, str], int] = {}
         losers: list[int] = []
         regular: list[int] = []
+        blocked = await self._deleted_earlier(conn, batch)
+        for i in blocked:
+            results[i] = BLOCKED
         for i, p in enumerate(batch):
+            if i in blocked:
+                continue
             j = first.setdefault(p.key, i)
             if j != i:
                 dup_of[i] = j
@@ -214,7 +242,39 @@ class PostgresStore:
                     results[i] = DUPLICATE if batch[i].key in have else STALE
         for i, j in dup_of.items():
             results[i] = DUPLICATE if results[j] is STORED else results[j]
+        await self._apply_deletions(
+            conn, [p for p, r in zip(batch, results, strict=True) if r is STORED and p.deletes]
+        )
         return [r if r is not None else STALE for r in results]
+
+    async def _deleted_earlier(self, conn: Any, batch: list[_Pending]) -> set[int]:
+        """NIP-09: indexes of batch events their author already deleted."""
+        rows = await conn.fetch(
+            q.SELECT_DELETED,
+            list(range(len(batch))),
+            [p.tenant for p in batch],
+            [p.row[0] for p in batch],
+            [p.row[1] for p in batch],
+            [p.row[3] for p in batch],
+            [p.row[4] for p in batch],
+            [p.row[2] for p in batch],
+        )
+        return {r[0] for r in rows}
+
+    async def _apply_deletions(self, conn: Any, requests: list[_Pending]) -> None:
+        """NIP-09, in the batch's transaction: delete (and remember) what the stored
+        deletion requests name, only ever the requester's own events."""
+        ids: list[tuple[str, bytes, bytes]] = []
+        addrs: list[tuple[str, bytes, int, str, int]] = []
+        for p in requests:
+            assert p.deletes is not None
+            tenant, pubkey, created_at = p.tenant, p.row[1], p.row[2]
+            ids.extend((tenant, i, pubkey) for i in p.deletes[0])
+            addrs.extend((tenant, pubkey, k, d, created_at) for k, d in p.deletes[1])
+        if ids:
+            await conn.execute(q.DELETE_IDS, *map(list, zip(*ids, strict=True)))
+        if addrs:
+            await conn.execute(q.DELETE_ADDRESSES, *map(list, zip(*addrs, strict=True)))
 
     async def _insert(self, conn: Any, sql: str, rows: list[_Pending]) -> set[tuple[str, bytes]]:
         """Run a multi-row insert; returns the (tenant, id) of the rows it stored.
@@ -223,7 +283,7 @@ class PostgresStore:
         size. COPY into a temp table then INSERT ... SELECT was measured slower for our
         batch sizes (bench/store_insert.py --copy), as it needs an extra round trip.
         """
-        return set(map(tuple, await conn.fetch(sql, *_columns(rows))))
+        return set(map(tuple, await conn.fetch(sql, *_columns(rows), self.node_id)))
 
     async def _write_one_by_one(self, batch: list[_Pending]) -> list[SaveResult]:
         """Each event under its own savepoint, so one event's failure fails only it."""
@@ -244,6 +304,8 @@ class PostgresStore:
                         results.append(
                             SaveResult(SaveStatus.ERROR, f"error: could not store: {exc}")
                         )
+                if STORED in results:
+                    await conn.execute(q.NOTIFY_STORED)
         except Exception as exc:  # nothing committed: no event may be reported STORED
             log.error("database unavailable: %s", _reason(exc))
             return [SaveResult(SaveStatus.ERROR, "error: database unavailable")] * len(batch)
@@ -258,7 +320,7 @@ class PostgresStore:
         viewer: str | None = None,
     ) -> list[bytes]:
         """Raw events matching any filter: created_at desc, id asc, each filter limited."""
-        built = q.build_query(filters, tenant, viewer)
+        built = q.build_query(filters, tenant, viewer, int(time.time()))
         if built is None:
             return []
         rows = await self._fetch(*built)
@@ -274,7 +336,7 @@ class PostgresStore:
         viewer: str | None = None,
     ) -> int:
         """Number of distinct events matching any filter (NIP-45: `limit` is ignored)."""
-        built = q.build_count(filters, tenant, viewer)
+        built = q.build_count(filters, tenant, viewer, int(time.time()))
         if built is None:
             return 0
         rows = await self._fetch(*built)
@@ -300,10 +362,65 @@ class PostgresStore:
         except Exception:
             return False
 
+    async def migrations_current(self) -> bool:
+        """True if every migration this version ships is applied (for /readyz)."""
+        try:
+            async with self._pool.acquire(timeout=5) as conn:
+                status = await asyncio.wait_for(migration_status(conn), 5)
+        except Exception:
+            return False
+        return all(applied for _, applied in status)
+
+    # --- the live bus (rows other nodes stored) -------------------------------------
+
+    async def bus_position(self) -> str:
+        """Where a new node starts tailing: the current snapshot's xmin."""
+        try:
+            return str(await self._pool.fetchval(q.BUS_XMIN))
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError("error: could not read the bus position") from exc
+
+    async def notify(self, channel: str, payload: str) -> None:
+        """Best-effort NOTIFY (ephemeral events): a failure is logged, never raised."""
+        try:
+            await self._pool.execute("SELECT pg_notify($1, $2)", channel, payload)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("notify failed: %s", _reason(exc))
+
+    async def bus_read(self, position: str) -> tuple[str, list[tuple[str, bytes]]]:
+        """Rows stored by other nodes in transactions finished since `position`:
+        (next position, [(tenant, raw)]), in commit-safe order."""
+        try:
+            rows = await self._pool.fetch(q.BUS_TAIL, position)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError("error: could not read new events") from exc
+        if not rows:  # pragma: no cover - the LEFT JOIN always yields the position row
+            return position, []
+        out = [(r[1], r[2]) for r in rows if r[2] is not None and r[3] != self.node_id]
+        return rows[0][0], out
+
+    async def purge_expired(self, now: int, batch: int = 5_000) -> int:
+        """NIP-40: delete expired rows, `batch` per transaction; returns how many."""
+        total = 0
+        while True:
+            try:
+                status = await self._pool.execute(q.PURGE_EXPIRED, now, batch)
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                raise StoreError("error: could not purge expired events") from exc
+            n = int(status.split()[-1])
+            total += n
+            if n < batch:
+                return total
+
     async def _fetch(self, sql: str, params: list[Any]) -> list[Any]:
         try:
             async with self._pool.acquire(timeout=_ACQUIRE_TIMEOUT) as conn:
-                return list(await conn.fetch(sql, *params))
+                try:
+                    return list(await conn.fetch(sql, *params, timeout=self._query_timeout))
+                except TimeoutError as exc:  # asyncpg cancels the statement server-side
+                    raise StoreError(
+                        f"error: query timed out after {self._query_timeout:g} s"
+                    ) from exc
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             log.error("query failed: %s", _reason(exc))
             raise StoreError("error: could not read from the database") from exc

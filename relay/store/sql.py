@@ -15,6 +15,7 @@ from typing import Any
 from engram.nip01 import Event, is_hex
 from relay.config import KIND_ENGRAM
 from relay.filters import Filter
+from relay.validate import expiration_of, is_addressable, is_ephemeral, is_replaceable
 
 # A tag value longer than this (UTF-8 bytes) is indexed by its hash: a btree/GIN entry
 # must fit in a third of a page (~2.7 KB), and another Postgres relay crashed on inserts
@@ -29,13 +30,16 @@ _INT8 = 2**63
 SELECT_COLUMNS = "raw, created_at, id"
 _ORDER = "ORDER BY created_at DESC, id"
 
-_COLUMNS = "tenant, id, pubkey, created_at, kind, d, owner, tagvals, content, sig, raw"
+_COLUMNS = (
+    "tenant, id, pubkey, created_at, kind, d, owner, tagvals, content, sig, raw, expires_at, origin"
+)
 _UNNEST = (
     "SELECT t.tenant, t.id, t.pubkey, t.created_at, t.kind, t.d, t.owner, t.tagvals::text[],"
-    " t.content, t.sig, t.raw"
+    " t.content, t.sig, t.raw, t.expires_at, $13::text"
     " FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::int8[], $5::int4[], $6::text[],"
-    " $7::bytea[], $8::text[], $9::text[], $10::bytea[], $11::bytea[])"
-    " AS t(tenant, id, pubkey, created_at, kind, d, owner, tagvals, content, sig, raw)"
+    " $7::bytea[], $8::text[], $9::text[], $10::bytea[], $11::bytea[], $12::int8[])"
+    " AS t(tenant, id, pubkey, created_at, kind, d, owner, tagvals, content, sig, raw,"
+    " expires_at)"
 )
 
 # Regular events: an existing (tenant, id) means DUPLICATE; RETURNING names the new rows.
@@ -53,7 +57,8 @@ INSERT_REPLACEABLE = (
     " ON CONFLICT (tenant, pubkey, kind, d) WHERE d IS NOT NULL DO UPDATE SET"
     " id = excluded.id, created_at = excluded.created_at, owner = excluded.owner,"
     " tagvals = excluded.tagvals, content = excluded.content, sig = excluded.sig,"
-    " raw = excluded.raw"
+    " raw = excluded.raw, expires_at = excluded.expires_at, origin = excluded.origin,"
+    " xid = pg_current_xact_id()"
     " WHERE excluded.created_at > events.created_at"
     " OR (excluded.created_at = events.created_at AND excluded.id < events.id)"
     " RETURNING tenant, id"
@@ -66,19 +71,57 @@ SELECT_PRESENT = (
 )
 
 
-# --- kinds (NIP-01) -------------------------------------------------------------------
+# NIP-09: which events of a batch were deleted earlier by their author ($1 is the index
+# of the event in the batch). An `a` deletion covers versions up to its created_at.
+SELECT_DELETED = (
+    "SELECT t.i FROM unnest($1::int4[], $2::text[], $3::bytea[], $4::bytea[], $5::int4[],"
+    " $6::text[], $7::int8[]) AS t(i, tenant, id, pubkey, kind, d, created_at)"
+    " WHERE EXISTS (SELECT 1 FROM deleted_events x WHERE x.tenant = t.tenant"
+    " AND x.id = t.id AND x.pubkey = t.pubkey)"
+    " OR (t.d IS NOT NULL AND EXISTS (SELECT 1 FROM deleted_addresses y"
+    " WHERE y.tenant = t.tenant AND y.pubkey = t.pubkey AND y.kind = t.kind AND y.d = t.d"
+    " AND t.created_at <= y.until))"
+)
 
+# NIP-09 `e` targets: remember them, delete the author's own (never a deletion request).
+DELETE_IDS = (
+    "WITH t AS (SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[])"
+    " AS t(tenant, id, pubkey)),"
+    " remembered AS (INSERT INTO deleted_events SELECT tenant, id, pubkey FROM t"
+    " ON CONFLICT DO NOTHING)"
+    " DELETE FROM events e USING t WHERE e.tenant = t.tenant AND e.id = t.id"
+    " AND e.pubkey = t.pubkey AND e.kind <> 5"
+)
 
-def is_replaceable(kind: int) -> bool:
-    return kind in (0, 3) or 10000 <= kind < 20000
+# NIP-09 `a` targets: every version of the author's address up to the request's time.
+DELETE_ADDRESSES = (
+    "WITH t AS (SELECT * FROM unnest($1::text[], $2::bytea[], $3::int4[], $4::text[],"
+    " $5::int8[]) AS t(tenant, pubkey, kind, d, until)),"
+    " remembered AS (INSERT INTO deleted_addresses SELECT * FROM t"
+    " ON CONFLICT (tenant, pubkey, kind, d)"
+    " DO UPDATE SET until = greatest(deleted_addresses.until, excluded.until))"
+    " DELETE FROM events e USING t WHERE e.tenant = t.tenant AND e.pubkey = t.pubkey"
+    " AND e.kind = t.kind AND e.d = t.d AND e.created_at <= t.until"
+)
 
+# The live bus: one wake-up per committed batch (never the event: payloads cap at 8000
+# bytes), then every node reads the rows of transactions that finished since it last read.
+BUS_CHANNEL = "engram_events"
+NOTIFY_STORED = f"SELECT pg_notify('{BUS_CHANNEL}', '')"
+BUS_XMIN = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text"
+BUS_TAIL = (
+    "WITH snap AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS hi)"
+    " SELECT snap.hi::text, e.tenant, e.raw, e.origin FROM snap"
+    " LEFT JOIN events e ON e.xid >= $1::text::xid8 AND e.xid < snap.hi"
+    " ORDER BY e.xid, e.created_at, e.id"
+)
 
-def is_ephemeral(kind: int) -> bool:
-    return 20000 <= kind < 30000
+PURGE_EXPIRED = (
+    "DELETE FROM events WHERE ctid = ANY(ARRAY(SELECT ctid FROM events"
+    " WHERE expires_at IS NOT NULL AND expires_at <= $1 LIMIT $2))"
+)
 
-
-def is_addressable(kind: int) -> bool:
-    return 30000 <= kind < 40000
+KIND_DELETION = 5
 
 
 # --- write side -----------------------------------------------------------------------
@@ -142,8 +185,30 @@ def pg_text_array(values: list[str]) -> str:
     return '{"' + '","'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in values) + '"}'
 
 
-# (id, pubkey, created_at, kind, d, owner, tagvals literal, content, sig, raw)
-Row = tuple[bytes, bytes, int, int, str | None, bytes | None, str, str, bytes, bytes]
+# (id, pubkey, created_at, kind, d, owner, tagvals literal, content, sig, raw, expires_at)
+Row = tuple[bytes, bytes, int, int, str | None, bytes | None, str, str, bytes, bytes, int | None]
+
+
+def deletion_targets(event: Event) -> tuple[list[bytes], list[tuple[int, str]]]:
+    """NIP-09 request targets that belong to its author: `e` ids and `a` (kind, d).
+
+    An `a` naming another pubkey is ignored: nobody deletes someone else's events.
+    """
+    ids: list[bytes] = []
+    addrs: list[tuple[int, str]] = []
+    for t in event.tags:
+        if len(t) < 2:
+            continue
+        if t[0] == "e" and is_hex(t[1], 64):
+            ids.append(bytes.fromhex(t[1]))
+        elif t[0] == "a":
+            kind_s, _, rest = t[1].partition(":")
+            pubkey, _, d = rest.partition(":")
+            if kind_s.isdigit() and len(kind_s) <= 5 and pubkey == event.pubkey:
+                kind = int(kind_s)
+                if is_replaceable(kind) or is_addressable(kind):
+                    addrs.append((kind, "" if is_replaceable(kind) else index_value(d)))
+    return ids, addrs
 
 
 class RowError(ValueError):
@@ -175,6 +240,7 @@ def encode_row(event: Event, raw: bytes) -> Row:
         content,
         bytes.fromhex(event.sig),
         bytes(raw),
+        expiration_of(tags),
     )
 
 
@@ -185,8 +251,9 @@ class _Params:
     """Positional parameters; $1 is the tenant. The viewer is added on first use only,
     since Postgres rejects a statement that is sent a parameter it never references."""
 
-    def __init__(self, tenant: str, viewer: str | None) -> None:
+    def __init__(self, tenant: str, viewer: str | None, now: int | None = None) -> None:
         self.values: list[Any] = [tenant]
+        self.now = now
         self._viewer = bytes.fromhex(viewer) if viewer is not None and is_hex(viewer, 64) else None
         self._viewer_pos = 0  # 1-based position once added
 
@@ -245,6 +312,14 @@ def _conditions(f: Filter, p: _Params) -> list[str] | None:
         conds.append(f"created_at >= {p.add(f.since)}::int8")
     if f.until is not None:
         conds.append(f"created_at <= {p.add(f.until)}::int8")
+    if f.search is not None:
+        # NIP-50; the expression and predicate match the partial index events_search
+        conds.append(
+            f"kind <> {KIND_ENGRAM} AND to_tsvector('simple', content)"
+            f" @@ websearch_to_tsquery('simple', {p.add(f.search)}::text)"
+        )
+    if p.now is not None:  # NIP-40: expired events are never served
+        conds.append(f"(expires_at IS NULL OR expires_at > {p.add(p.now)}::int8)")
     # Engram read gate (kind 30174: author or `p` only), in SQL so LIMIT counts right.
     if kinds is None or KIND_ENGRAM in kinds:
         v = p.viewer_ref()
@@ -256,7 +331,7 @@ def _conditions(f: Filter, p: _Params) -> list[str] | None:
 
 
 def build_query(
-    filters: list[Filter], tenant: str, viewer: str | None = None
+    filters: list[Filter], tenant: str, viewer: str | None = None, now: int | None = None
 ) -> tuple[str, list[Any]] | None:
     """SELECT raw, created_at, id for the filters, or None if none can match.
 
@@ -264,7 +339,7 @@ def build_query(
     (NIP-01: limit applies per filter), joined with UNION ALL: one round trip. Rows of
     different filters may repeat and are not globally ordered; the caller merges.
     """
-    p = _Params(tenant, viewer)
+    p = _Params(tenant, viewer, now)
     parts: list[str] = []
     for f in filters:
         if f.limit == 0:
@@ -283,13 +358,13 @@ def build_query(
 
 
 def build_count(
-    filters: list[Filter], tenant: str, viewer: str | None = None
+    filters: list[Filter], tenant: str, viewer: str | None = None, now: int | None = None
 ) -> tuple[str, list[Any]] | None:
     """SELECT count(*) of distinct events matching any filter, or None if none can match.
 
     NIP-45 counts every match, so `limit` is ignored here.
     """
-    p = _Params(tenant, viewer)
+    p = _Params(tenant, viewer, now)
     ors: list[str] = []
     for f in filters:
         conds = p.conditions(f)

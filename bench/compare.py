@@ -1,0 +1,303 @@
+"""`python -m bench compare`: this relay against its peers, same events, same profile, one run.
+
+Starts each relay on loopback in turn (ours on an embedded PostgreSQL with its default,
+durable settings; the peers of `bench.peers`, each from its own virtualenv), drives it
+with `bench.load` (events from the shared cache: byte-identical for every relay), stops
+it, and goes on; every start is a fresh store. Rounds alternate the relays' order, and
+each figure is the median over the rounds, because this machine is shared and noisy:
+only ratios taken in one run mean much. Prints a table per phase, then ours/peer for
+every figure (ops/s: above 1 is ours faster; every other figure: below 1 is ours better).
+
+`--results bench/RESULTS.md` rewrites the generated part of that file (between its
+`<!-- compare:begin -->` and `<!-- compare:end -->` markers) with this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+
+from bench import load
+from bench.events import Keyring, load_events
+from bench.load import FIGURES, PhaseResult, Profile, fmt, phase_title
+from bench.peers import RELAYS, PeerError, Postgres, RelaySpec
+
+BEGIN, END = "<!-- compare:begin -->", "<!-- compare:end -->"
+DEFAULT_RELAYS = ("ours", "nostr-relay-sqlite", "nostr-relay-pg", "nostr-sdk")
+
+
+@dataclass
+class RelayRuns:
+    """Everything measured for one relay over the rounds."""
+
+    key: str
+    spec: RelaySpec
+    version: str = ""
+    problem: str = ""  # why it did not run (install or start failure)
+    rounds: list[list[PhaseResult]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.spec.name} {self.version}".strip()
+
+    def median(self, phase: str, figure: str) -> float | None:
+        values = []
+        for results in self.rounds:
+            for r in results:
+                if r.phase == phase:
+                    v = r.figures()[figure]
+                    if v is not None:
+                        values.append(v)
+        return statistics.median(values) if values else None
+
+    def reasons(self, phase: str) -> tuple[Counter[str], Counter[str]]:
+        errors: Counter[str] = Counter()
+        notes: Counter[str] = Counter()
+        for results in self.rounds:
+            for r in results:
+                if r.phase == phase:
+                    errors.update(r.errors)
+                    notes.update(r.notes)
+        return errors, notes
+
+
+def machine() -> str:
+    cpu = "?"
+    with contextlib.suppress(OSError, StopIteration):
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    mem = "?"
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        kb = next(
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        )
+        mem = f"{kb / 2**20:.0f} GiB"
+    return f"{platform.platform()}; {os.cpu_count()} CPUs ({cpu}); {mem} RAM"
+
+
+def run_compare(
+    keys: list[str], profile: Profile, rounds: int, say: Callable[[str], None] = print
+) -> tuple[list[RelayRuns], str]:
+    """Prepare, then run every relay once per round; returns the runs and the PG settings."""
+    runs = [RelayRuns(k, RELAYS[k]) for k in keys]
+    for run in runs:
+        try:
+            run.version = run.spec.prepare(say)
+        except PeerError as exc:
+            run.problem = f"not installed: {exc}"
+            say(f"{run.spec.name}: {run.problem}")
+    warm = Keyring(profile.seed)
+    load_events("kind1", profile.events, warm)
+    load_events("engram", profile.engrams, warm)
+    for s in profile.subscribers:
+        load_events("fanout", load.fanout_count(profile), warm, variant=str(s))
+    _ = warm.d_tags
+    root = Path(tempfile.mkdtemp(prefix="engram-bench-compare-"))
+    pg: Postgres | None = None
+    pg_settings = ""
+    if any(r.spec.needs_postgres and not r.problem for r in runs):
+        try:
+            pg = Postgres(root)
+            pg_settings = pg.settings()
+        except Exception as exc:
+            for r in runs:
+                if r.spec.needs_postgres:
+                    r.problem = f"embedded PostgreSQL failed: {exc}"
+    try:
+        for n in range(rounds):
+            order = runs if n % 2 == 0 else list(reversed(runs))
+            for run in order:
+                if run.problem:
+                    continue
+                say(f"round {n + 1}/{rounds}: {run.spec.name}")
+                _one(run, root / f"{run.key}-{n}", pg, profile, say)
+    finally:
+        if pg is not None:
+            pg.close()
+        if any(r.failures for r in runs):
+            say(f"relay logs kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return runs, pg_settings
+
+
+def _one(
+    run: RelayRuns, workdir: Path, pg: Postgres | None, profile: Profile, say: Callable[[str], None]
+) -> None:
+    try:
+        relay = run.spec.start(workdir, pg)
+    except PeerError as exc:
+        run.failures.append(f"start failed: {exc}")
+        say(f"  {run.failures[-1]}")
+        return
+    try:
+        p = Profile(**{**profile.__dict__, "events_per_conn": relay.events_per_conn})
+        results = load.run_async(load.run_load(relay.url, p, relay.pid, relay.pg_pid, say))
+        run.rounds.append(results)
+        if relay.proc.poll() is not None:
+            run.failures.append(f"exited during the run: {relay.log_tail(5)}")
+    except Exception as exc:
+        run.failures.append(f"load failed: {type(exc).__name__}: {exc}")
+        say(f"  {run.failures[-1]}\n{relay.log_tail()}")
+    finally:
+        relay.stop()
+
+
+# --- report -------------------------------------------------------------------------
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return out
+
+
+def ratio(ours: float | None, peer: float | None) -> str:
+    if ours is None or peer is None:
+        return "-"
+    if peer == 0:
+        return "-" if ours == 0 else "inf"
+    return f"{ours / peer:.2f}"
+
+
+def _why_not(r: RelayRuns) -> str:
+    text = r.problem or (r.failures[0] if r.failures else "no round completed")
+    return " ".join(text.split())[:300].replace("|", "/")
+
+
+def report(runs: list[RelayRuns], profile: Profile, rounds: int) -> str:
+    """Markdown: one table of medians per phase, one of ratios ours/peer per phase."""
+    lines: list[str] = []
+    ok = [r for r in runs if r.rounds]
+    lines.append("Relays:")
+    lines.append("")
+    for r in runs:
+        status = r.problem or f"{len(r.rounds)} of {rounds} rounds ran"
+        extra = "".join(f"; {' '.join(f.split())[:300]}" for f in r.failures)
+        lines.append(f"- {r.label}, store: {r.spec.store}: {status}{extra}")
+    ours = next((r for r in ok if r.key == "ours"), None)
+    peers = [r for r in ok if r.key != "ours"]
+    for phase in profile.phase_names():
+        lines += ["", f"### {phase_title(phase)}", ""]
+        rows = [[r.label, *(fmt(r.median(phase, f), f) for f in FIGURES)] for r in runs if r.rounds]
+        rows += [
+            [r.label, f"not run: {_why_not(r)}", *([""] * (len(FIGURES) - 1))]
+            for r in runs
+            if not r.rounds
+        ]
+        lines += _table(["relay (median)", *FIGURES], rows)
+        if ours is not None and peers:
+            lines.append("")
+            rows = [
+                [
+                    f"ours / {p.spec.name}",
+                    *(ratio(ours.median(phase, f), p.median(phase, f)) for f in FIGURES),
+                ]
+                for p in peers
+            ]
+            lines += _table(["ratio", *FIGURES], rows)
+        reasons = []
+        for r in ok:
+            errors, notes = r.reasons(phase)
+            for why, n in errors.most_common(4):
+                reasons.append(f"- {r.spec.name}: error x{n} (all rounds): {why}")
+            for why, n in notes.most_common(3):
+                reasons.append(f"- {r.spec.name}: note x{n} (all rounds): {why}")
+        if reasons:
+            lines += ["", *reasons]
+    return "\n".join(lines)
+
+
+def header(argv: list[str], profile: Profile, rounds: int, pg_settings: str) -> str:
+    libs = ", ".join(f"{n} {version(n)}" for n in ("msgspec", "uvicorn", "websockets", "asyncpg"))
+    cmd = "python -m bench compare" + ("" if not argv else " " + shlex.join(argv))
+    subs = ",".join(map(str, profile.subscribers))
+    return "\n".join(
+        [
+            f"- command: `{cmd}`",
+            f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+            f"- machine: {machine()}",
+            f"- python: {platform.python_version()} ({platform.python_implementation()}); {libs}",
+            f"- postgres: {pg_settings or 'not used'}",
+            f"- profile: ingest {profile.events} kind-1 + {profile.engrams} engram EVENTs,"
+            f" {profile.connections} connections x {profile.window} in flight; {profile.reqs}"
+            f" REQ + {profile.heads} head fetches, {profile.req_connections} connections x"
+            f" {profile.req_window} in flight; fan-out to {subs} subscribers at"
+            f" {profile.fanout_rate:g} events/s for {profile.fanout_seconds:g} s;"
+            f" {rounds} rounds, medians",
+        ]
+    )
+
+
+def write_results(path: Path, text: str) -> None:
+    """Replace the generated block of `path` (or append one) with `text`."""
+    old = path.read_text() if path.exists() else ""
+    block = f"{BEGIN}\n{text}\n{END}"
+    if BEGIN in old and END in old:
+        new = old[: old.index(BEGIN)] + block + old[old.index(END) + len(END) :]
+    else:
+        new = (old.rstrip() + "\n\n" if old else "") + block + "\n"
+    path.write_text(new)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench compare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--relays",
+        default=",".join(DEFAULT_RELAYS),
+        help=f"comma-separated subset of {','.join(RELAYS)}",
+    )
+    p.add_argument("--rounds", type=int, default=2, help="rounds (medians are reported)")
+    p.add_argument("--results", type=Path, help="write the tables into this markdown file")
+    load.add_profile_args(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    keys = [k for k in args.relays.split(",") if k]
+    unknown = [k for k in keys if k not in RELAYS]
+    if unknown:
+        print(f"unknown relay(s): {', '.join(unknown)}; known: {', '.join(RELAYS)}")
+        return 2
+    profile = load.profile_from_args(args)
+    load.raise_fd_limit()  # inherited by the relays: 1,000 subscribers need descriptors
+    t0 = time.monotonic()
+    runs, pg_settings = run_compare(keys, profile, max(1, args.rounds))
+    text = (
+        header(argv, profile, args.rounds, pg_settings)
+        + "\n\n"
+        + report(runs, profile, args.rounds)
+    )
+    print()
+    print(text)
+    print(f"\n(compare took {time.monotonic() - t0:.0f} s)")
+    if args.results:
+        write_results(args.results, text)
+        print(f"wrote {args.results}")
+    return 0 if any(r.rounds for r in runs) else 1

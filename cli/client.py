@@ -1,0 +1,186 @@
+"""A small Nostr relay client for the CLI: NIP-01 REQ/EVENT, NIP-42 AUTH, NIP-11.
+
+Transport only: it moves events, it never decrypts them. Every failure becomes one of
+two exceptions so the CLI can map it to an exit code: `RelayError` (network, TLS, a
+relay refusal: exit 2) or `AuthError` (NIP-42 refused, a read gated: exit 3). Timeouts
+are the caller's: it wraps the whole exchange in `asyncio.timeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import ssl
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import msgspec
+import websockets
+from websockets.asyncio.client import ClientConnection, connect
+
+from engram.nip01 import Event, sign_event
+
+KIND_AUTH = 22242
+# An engram body is at most 65,535 bytes; its base64 NIP-44 payload plus the event fits in 1 MiB.
+MAX_FRAME = 1 << 20
+
+
+class RelayError(Exception):
+    """The relay could not be reached or refused the request (exit code 2)."""
+
+
+class AuthError(Exception):
+    """NIP-42 authentication failed or the relay gated the read (exit code 3)."""
+
+
+def _describe(exc: BaseException) -> str:
+    """One line naming a transport failure; TLS verification failures are called out."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return f"TLS certificate verification failed: {cause.verify_message or cause}"
+        if isinstance(cause, ssl.SSLError):
+            return f"TLS error: {cause}"
+        cause = cause.__cause__ or cause.__context__
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def http_url(relay_url: str) -> str:
+    """ws(s)://host/path -> http(s)://host/path, where NIP-11 is served."""
+    parts = urlsplit(relay_url)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme)
+    if scheme is None:
+        raise ValueError(f"relay URL must start with ws:// or wss://: {relay_url!r}")
+    return urlunsplit((scheme, parts.netloc, parts.path or "/", parts.query, ""))
+
+
+def _get_json(url: str, timeout: float) -> Any:
+    req = urllib.request.Request(url, headers={"Accept": "application/nostr+json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:  # default TLS context
+        return json.loads(resp.read(MAX_FRAME))
+
+
+async def fetch_nip11(relay_url: str, timeout: float) -> dict[str, Any]:
+    """The relay's NIP-11 information document (a JSON object)."""
+    try:
+        doc = await asyncio.to_thread(_get_json, http_url(relay_url), timeout)
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError is an OSError
+        raise RelayError(f"cannot read the relay's NIP-11 document: {_describe(exc)}") from exc
+    if not isinstance(doc, dict):
+        raise RelayError("the relay's NIP-11 document is not a JSON object")
+    return doc
+
+
+def max_limit_of(nip11: dict[str, Any]) -> int | None:
+    """`limitation.max_limit` if the relay advertises a positive integer, else None."""
+    limitation = nip11.get("limitation")
+    value = limitation.get("max_limit") if isinstance(limitation, dict) else None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+class RelayClient:
+    """One websocket connection; requests run one at a time, as the CLI needs."""
+
+    def __init__(self, ws: ClientConnection, url: str) -> None:
+        self._ws = ws
+        self.url = url
+        self._challenge: str | None = None
+        self._sub_counter = 0
+
+    async def _recv(self) -> list[Any]:
+        """Next frame as a JSON array; an AUTH challenge is remembered wherever it appears."""
+        while True:
+            try:
+                raw = await self._ws.recv()
+            except websockets.ConnectionClosed as exc:
+                raise RelayError(f"relay closed the connection: {_describe(exc)}") from exc
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue  # not JSON: nothing a Nostr client can act on
+            if not isinstance(msg, list) or not msg or not isinstance(msg[0], str):
+                continue
+            if msg[0] == "AUTH" and len(msg) >= 2 and isinstance(msg[1], str):
+                self._challenge = msg[1]
+            return msg
+
+    async def _send(self, msg: list[Any]) -> None:
+        try:
+            await self._ws.send(msgspec.json.encode(msg).decode())
+        except websockets.ConnectionClosed as exc:
+            raise RelayError(f"relay closed the connection: {_describe(exc)}") from exc
+
+    async def authenticate(self, seckey: bytes) -> None:
+        """Answer the relay's NIP-42 challenge with a signed kind 22242 event."""
+        while self._challenge is None:  # relays send it on connect (NIP-42)
+            await self._recv()
+        challenge = self._challenge
+        tags = [["relay", self.url], ["challenge", challenge]]
+        event = sign_event(seckey, int(time.time()), KIND_AUTH, tags, "", os.urandom(32))
+        await self._send(["AUTH", event])
+        accepted, message = await self._wait_ok(event.id)
+        if not accepted:
+            raise AuthError(f"relay refused AUTH: {message or 'no reason given'}")
+
+    async def _wait_ok(self, event_id: str) -> tuple[bool, str]:
+        while True:
+            msg = await self._recv()
+            if msg[0] == "OK" and len(msg) >= 3 and msg[1] == event_id:
+                return bool(msg[2]), str(msg[3]) if len(msg) > 3 else ""
+
+    async def query(self, nostr_filter: dict[str, Any]) -> list[Event]:
+        """Stored events matching one filter, up to EOSE. Malformed events are dropped."""
+        self._sub_counter += 1
+        sub_id = f"engram-{self._sub_counter}"
+        await self._send(["REQ", sub_id, nostr_filter])
+        events: list[Event] = []
+        while True:
+            msg = await self._recv()
+            if len(msg) < 2 or msg[1] != sub_id:
+                continue
+            if msg[0] == "EVENT" and len(msg) >= 3:
+                try:
+                    events.append(msgspec.convert(msg[2], Event))
+                except msgspec.ValidationError:
+                    continue
+            elif msg[0] == "EOSE":
+                await self._send(["CLOSE", sub_id])
+                return events
+            elif msg[0] == "CLOSED":
+                reason = str(msg[2]) if len(msg) > 2 else ""
+                if reason.startswith(("auth-required:", "restricted:")):
+                    raise AuthError(f"relay refused the read: {reason}")
+                raise RelayError(f"relay closed the subscription: {reason or 'no reason'}")
+
+    async def publish(self, event: Event) -> str:
+        """Send an event; returns the OK message. A refusal raises RelayError/AuthError."""
+        await self._send(["EVENT", event])
+        accepted, message = await self._wait_ok(event.id)
+        if accepted:
+            return message
+        if message.startswith(("auth-required:", "restricted:")):
+            raise AuthError(f"relay refused the event: {message}")
+        raise RelayError(f"relay refused the event: {message or 'no reason given'}")
+
+
+@asynccontextmanager
+async def open_relay(url: str) -> AsyncIterator[RelayClient]:
+    """Connect (TLS verified with the default context for wss://) and close on exit.
+
+    Callers bound the whole exchange with `asyncio.timeout`; this adds no timeout of its own.
+    """
+    try:
+        ws = await connect(url, max_size=MAX_FRAME, open_timeout=None, close_timeout=2)
+    except (OSError, websockets.InvalidHandshake, websockets.InvalidURI, ssl.SSLError) as exc:
+        raise RelayError(f"cannot connect to {url}: {_describe(exc)}") from exc
+    try:
+        yield RelayClient(ws, url)
+    finally:
+        await ws.close()

@@ -1,0 +1,112 @@
+"""The fetch hook: read `core` once, with a deadline, at session creation (spec: *Read-path
+hygiene for agents*).
+
+Three outcomes, one type each, so no caller can confuse them:
+- `Profile`: a valid core exists; its profile is rendered under a fixed header.
+- `Nudge`: the relay answered and nothing carries core's address: tell the agent to
+  create one.
+- `Nothing`: timeout, transport or auth failure, or candidates that all failed
+  validation. A failed read must never teach the agent that it has no memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from cli.client import open_relay
+from cli.identity import Identity
+from cli.memory import read_head
+from engram import CORE_SLUG, Core
+
+DEFAULT_HOOK_TIMEOUT = 3.0
+HEADER = "# Persistent memory: your core profile (engram)"
+USAGE = (
+    "Your memory lives on a Nostr relay and survives across sessions. Read more with "
+    "`engram mem get SLUG` and `engram mem ls`; save with `engram mem set SLUG VALUE`; "
+    "link entries from your profile as [[mem/...]]; update this profile with "
+    '`engram mem set core "…"`.'
+)
+NUDGE = (
+    "# Persistent memory: no core profile yet (engram)\n\n"
+    "You have persistent memory on a Nostr relay, but no core profile: nothing tells you who "
+    "you are or who you work for. Early in this session, ask your user about themselves "
+    "(name, role, preferences, what they want from you), then create your profile with "
+    '`engram mem set core "…"` (a short text about you, your user and how you work '
+    "together). Save other facts with `engram mem set SLUG VALUE` and link them from the "
+    "profile as [[mem/...]]."
+)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A valid core was read; `text` is what to inject."""
+
+    profile: str
+
+    @property
+    def text(self) -> str:
+        return f"{HEADER}\n\n{self.profile}\n\n{USAGE}"
+
+
+@dataclass(frozen=True)
+class Nudge:
+    """The relay confirmed there is no core: ask the agent to create one."""
+
+    @property
+    def text(self) -> str:
+        return NUDGE
+
+
+@dataclass(frozen=True)
+class Nothing:
+    """The read failed or was inconclusive: inject nothing. `reason` is for stderr only."""
+
+    reason: str
+
+    @property
+    def text(self) -> None:
+        return None
+
+
+HookResult = Profile | Nudge | Nothing
+
+
+async def _read_core(ident: Identity, url: str) -> HookResult:
+    async with open_relay(url) as client:
+        await client.authenticate(ident.seckey)
+        lookup = await read_head(client, ident, CORE_SLUG)
+    if lookup.head is not None and isinstance(lookup.head.body, Core):
+        return Profile(lookup.head.body.profile)
+    if lookup.candidates == 0:
+        return Nudge()
+    return Nothing(f"all {lookup.candidates} core candidate(s) failed validation")
+
+
+async def fetch_core(
+    ident: Identity, url: str, timeout: float = DEFAULT_HOOK_TIMEOUT
+) -> HookResult:
+    """Fetch core once; return within `timeout` seconds whatever the relay does.
+
+    The read runs as its own task so the deadline holds even while a connection is
+    being torn down: on timeout the task is cancelled and left to finish in the background.
+    """
+    task = asyncio.ensure_future(_read_core(ident, url))
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    finally:  # past the deadline, or the caller gave up: stop reading either way
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(_retrieve)
+    if not done:
+        return Nothing(f"no answer from {url} within {timeout:g} s")
+    try:
+        return task.result()
+    except Exception as exc:  # any failure to read is "nothing", never the nudge
+        return Nothing(f"{type(exc).__name__}: {exc}")
+
+
+def _retrieve(task: asyncio.Future[HookResult]) -> None:
+    """Consume a cancelled read's outcome so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()

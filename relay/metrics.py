@@ -1,0 +1,301 @@
+"""Prometheus metrics: one dedicated registry, cheap updates on the hot path.
+
+Every helper here is a dict lookup of a cached labelled child plus an increment; label
+values are built once per (tenant, kind of result). Gauges that mirror state the relay
+already holds (live subscriptions, database pool) are read when `/metrics` is scraped,
+never maintained per event.
+
+Metric names (all prefixed `engram_`):
+  connections{tenant}                   open websocket connections
+  connections_accepted_total{tenant}    websocket connections accepted
+  messages_total{tenant,type}           client messages: EVENT, REQ, CLOSE, AUTH, COUNT, invalid
+  events_total{tenant,result,reason}    EVENTs received, by result stored|ephemeral|duplicate|
+                                        rejected and the OK message's prefix (invalid, ...)
+  req_duration_seconds{tenant}          REQ received -> EOSE (its _count: REQs answered)
+  live_events_total{tenant}             live event frames fanned out to subscriptions
+  slow_consumers_total                  connections dropped for not reading fast enough
+  dropped_frames_total                  frames discarded with those connections
+  write_batch_size                      events per group-commit transaction
+  write_commit_seconds                  time to write (and commit) one batch
+  db_pool_connections{state}            database pool: in_use, idle, max
+  subscriptions{tenant}                 live subscriptions
+  build_info{version}                   always 1
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+
+from relay import wire
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+
+disable_created_metrics()  # no `*_created` series: they double the output for nothing
+REGISTRY = CollectorRegistry(auto_describe=True)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text format `render` writes
+ProcessCollector(registry=REGISTRY)
+
+_LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+CONNECTIONS = Gauge(
+    "engram_connections", "Open websocket connections.", ["tenant"], registry=REGISTRY
+)
+CONNECTIONS_TOTAL = Counter(
+    "engram_connections_accepted_total",
+    "Websocket connections accepted.",
+    ["tenant"],
+    registry=REGISTRY,
+)
+MESSAGES = Counter(
+    "engram_messages_total", "Client messages by type.", ["tenant", "type"], registry=REGISTRY
+)
+EVENTS = Counter(
+    "engram_events_total",
+    "EVENTs received, by result and the OK message's machine-readable prefix.",
+    ["tenant", "result", "reason"],
+    registry=REGISTRY,
+)
+REQ_SECONDS = Histogram(
+    "engram_req_duration_seconds",
+    "Time from a REQ to its EOSE (stored events read and queued).",
+    ["tenant"],
+    buckets=_LATENCY,
+    registry=REGISTRY,
+)
+LIVE_EVENTS = Counter(
+    "engram_live_events_total",
+    "Live event frames fanned out to subscriptions.",
+    ["tenant"],
+    registry=REGISTRY,
+)
+SLOW_CONSUMERS = Counter(
+    "engram_slow_consumers_total",
+    "Connections disconnected because their send queue overflowed.",
+    registry=REGISTRY,
+)
+DROPPED_FRAMES = Counter(
+    "engram_dropped_frames_total",
+    "Queued frames discarded when a slow consumer was disconnected.",
+    registry=REGISTRY,
+)
+BATCH_SIZE = Histogram(
+    "engram_write_batch_size",
+    "Events per group-commit write transaction.",
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000),
+    registry=REGISTRY,
+)
+COMMIT_SECONDS = Histogram(
+    "engram_write_commit_seconds",
+    "Time to write and commit one batch of events.",
+    buckets=_LATENCY,
+    registry=REGISTRY,
+)
+
+_VERBS = {
+    wire.EventMsg: "EVENT",
+    wire.ReqMsg: "REQ",
+    wire.CloseMsg: "CLOSE",
+    wire.AuthMsg: "AUTH",
+    wire.CountMsg: "COUNT",
+    type(None): "invalid",
+}
+_REASONS = frozenset(r.value for r in wire.Reason)
+
+_messages: dict[tuple[str, type], Any] = {}
+_events: dict[tuple[str, bool, bool, str], Any] = {}
+_connections: dict[str, tuple[Any, Any]] = {}
+_req: dict[str, Any] = {}
+_live: dict[str, Any] = {}
+
+
+# --- hot-path helpers ------------------------------------------------------------------
+
+
+def start() -> float:
+    """A start time for `req_done` / `batch_written`."""
+    return time.perf_counter()
+
+
+def message(tenant: str, msg: object) -> None:
+    """One client message, decoded (`msg`) or not (None)."""
+    key = (tenant, type(msg))
+    child = _messages.get(key)
+    if child is None:
+        verb = _VERBS.get(key[1]) or type(msg).__name__.removesuffix("Msg").upper()
+        child = _messages[key] = MESSAGES.labels(tenant, verb)
+    child.inc()
+
+
+def _reason(text: str) -> str:
+    """The OK message's machine-readable prefix, from a bounded set ("" for none)."""
+    if not text:
+        return ""
+    prefix = text.partition(":")[0]
+    return prefix if prefix in _REASONS else "other"
+
+
+def event_result(tenant: str, kind: int, accepted: bool, text: str) -> None:
+    """The outcome of one EVENT: what the relay answered in its OK."""
+    key = (tenant, accepted, 20000 <= kind < 30000, _reason(text))
+    child = _events.get(key)
+    if child is None:
+        reason = key[3]
+        if not accepted:
+            result = "rejected"
+        elif reason == "duplicate":
+            result = "duplicate"
+        else:
+            result = "ephemeral" if key[2] else "stored"
+        child = _events[key] = EVENTS.labels(tenant, result, reason)
+    child.inc()
+
+
+def limited(tenant: str, msg: object) -> None:
+    """A message refused by a rate limit: an EVENT counts as rejected, `rate-limited`."""
+    if isinstance(msg, wire.EventMsg):
+        event_result(tenant, msg.event.kind, False, "rate-limited:")
+
+
+def req_done(tenant: str, started: float) -> None:
+    child = _req.get(tenant)
+    if child is None:
+        child = _req[tenant] = REQ_SECONDS.labels(tenant)
+    child.observe(time.perf_counter() - started)
+
+
+def connection_opened(tenant: str) -> None:
+    pair = _connections.get(tenant)
+    if pair is None:
+        pair = _connections[tenant] = (CONNECTIONS.labels(tenant), CONNECTIONS_TOTAL.labels(tenant))
+    pair[0].inc()
+    pair[1].inc()
+
+
+def connection_closed(tenant: str) -> None:
+    pair = _connections.get(tenant)
+    if pair is not None:
+        pair[0].dec()
+
+
+def slow_consumer(dropped: int) -> None:
+    SLOW_CONSUMERS.inc()
+    if dropped:
+        DROPPED_FRAMES.inc(dropped)
+
+
+def live_sent(tenant: str, frames: int) -> None:
+    """Live frames one published event produced for this node's subscribers."""
+    if frames:
+        child = _live.get(tenant)
+        if child is None:
+            child = _live[tenant] = LIVE_EVENTS.labels(tenant)
+        child.inc(frames)
+
+
+def batch_written(size: int, started: float) -> None:
+    BATCH_SIZE.observe(size)
+    COMMIT_SECONDS.observe(time.perf_counter() - started)
+
+
+# --- scrape-time gauges -------------------------------------------------------------------
+
+
+class _StateCollector:
+    """Subscriptions and database pool, read from the live objects at scrape time."""
+
+    def __init__(self) -> None:
+        self.relays: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.pools: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self.version = "0.0.0"
+
+    def describe(self) -> list[Any]:
+        return []  # unchecked collector: names are not registered up front
+
+    def collect(self) -> Iterator[Any]:
+        info = GaugeMetricFamily("engram_build_info", "Relay version.", labels=["version"])
+        info.add_metric([self.version], 1)
+        yield info
+        subs = GaugeMetricFamily("engram_subscriptions", "Live subscriptions.", labels=["tenant"])
+        counts: dict[str, int] = defaultdict(int)
+        for relay in list(self.relays):
+            for tenant, fanout in list(relay.fanouts.items()):
+                counts[tenant] += len(fanout)
+        for tenant, n in sorted(counts.items()):
+            subs.add_metric([tenant], n)
+        yield subs
+        pool = GaugeMetricFamily(
+            "engram_db_pool_connections", "Database pool connections.", labels=["state"]
+        )
+        in_use = idle = size_max = 0
+        for p in list(self.pools.values()):
+            try:
+                size, free = p.get_size(), p.get_idle_size()
+                in_use, idle = in_use + size - free, idle + free
+                size_max += p.get_max_size()
+            except Exception:  # a pool that is closing
+                continue
+        pool.add_metric(["in_use"], in_use)
+        pool.add_metric(["idle"], idle)
+        pool.add_metric(["max"], size_max)
+        yield pool
+
+
+_STATE = _StateCollector()
+REGISTRY.register(_STATE)  # type: ignore[arg-type]
+
+
+def bind(relay: Any, version: str) -> None:
+    """Report a Relay's subscriptions at scrape time."""
+    _STATE.relays.add(relay)
+    _STATE.version = version
+
+
+def watch_pool(owner: Any, pool: Any) -> None:
+    """Report an asyncpg pool's usage for as long as `owner` (its store) lives."""
+    _STATE.pools[owner] = pool
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+def render() -> bytes:
+    """The registry in the Prometheus text format."""
+    return generate_latest(REGISTRY)
+
+
+def _sum(metric: Any, sample: str, **labels: str) -> float:
+    return sum(
+        s.value
+        for family in metric.collect()
+        for s in family.samples
+        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def counters(tenant: str, relay: Any) -> dict[str, int]:
+    """Live numbers for one tenant, for the HTML page (not the hot path)."""
+    fanout = relay.fanouts.get(tenant)
+    return {
+        "connections": int(_sum(CONNECTIONS, "engram_connections", tenant=tenant)),
+        "subscriptions": len(fanout) if fanout is not None else 0,
+        "events stored": int(_sum(EVENTS, "engram_events_total", tenant=tenant, result="stored")),
+        "events rejected": int(
+            _sum(EVENTS, "engram_events_total", tenant=tenant, result="rejected")
+        ),
+    }

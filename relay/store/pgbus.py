@@ -1,0 +1,116 @@
+"""The live bus on PostgreSQL: LISTEN for wake-ups, then tail committed rows.
+
+Stored events: after each committed batch the writer sends one NOTIFY (a wake-up only;
+payloads cap at 8000 bytes). Woken, or every `poll` seconds regardless, a node reads the
+rows of transactions that finished since it last looked (see migration 0004), skipping
+the ones it stored itself. The LISTEN connection is dedicated and direct (never through a
+transaction-pooling proxy); when it drops, the node reconnects and catches up from its
+last position.
+
+Ephemeral events (never stored) travel in the NOTIFY payload itself when they fit
+(origin, tenant and event under 8000 bytes); larger ones reach only the node's own
+subscribers. That is the documented trade-off: no table, no cleanup, no extra write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import asyncpg
+
+from relay.bus import Deliver
+from relay.store import StoreError
+from relay.store.postgres import PostgresStore
+from relay.store.sql import BUS_CHANNEL
+
+log = logging.getLogger("relay.bus")
+
+EPHEMERAL_CHANNEL = "engram_ephemeral"
+NOTIFY_PAYLOAD_MAX = 7_999  # PostgreSQL refuses 8000 bytes and more
+_RECONNECT_MAX = 5.0
+
+
+class PostgresBus:
+    def __init__(self, dsn: str, store: PostgresStore, poll: float = 1.0) -> None:
+        self.dsn = dsn
+        self.store = store
+        self.poll = poll
+        self._wake = asyncio.Event()
+        self.connected = asyncio.Event()  # the LISTEN connection is up (tests, /readyz)
+
+    async def run(self, deliver: Deliver) -> None:
+        position = await self._position()
+        listener = asyncio.create_task(self._listen(deliver))
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.poll)
+                self._wake.clear()
+                try:
+                    position, rows = await self.store.bus_read(position)
+                except StoreError as exc:
+                    log.warning("bus read failed (will retry): %s", exc)
+                    await asyncio.sleep(self.poll)
+                    continue
+                for tenant, raw in rows:
+                    deliver(tenant, raw)
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+
+    async def _position(self) -> str:
+        while True:
+            try:
+                return await self.store.bus_position()
+            except StoreError as exc:
+                log.warning("bus start waiting for the database: %s", exc)
+                await asyncio.sleep(self.poll)
+
+    async def _listen(self, deliver: Deliver) -> None:
+        """Keep one LISTEN connection up; every (re)connect triggers a catch-up read."""
+        delay = 0.1
+        origin = self.store.node_id
+
+        def on_stored(*_: Any) -> None:
+            self._wake.set()
+
+        def on_ephemeral(_c: Any, _pid: int, _channel: str, payload: str) -> None:
+            sender, _, rest = payload.partition("\n")
+            tenant, _, raw = rest.partition("\n")
+            if sender != origin and raw:
+                deliver(tenant, raw.encode())
+
+        while True:
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await asyncpg.connect(self.dsn, timeout=10)
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
+                await conn.add_listener(BUS_CHANNEL, on_stored)
+                await conn.add_listener(EPHEMERAL_CHANNEL, on_ephemeral)
+                self.connected.set()
+                self._wake.set()  # catch up on whatever committed while we were away
+                delay = 0.1
+                while not lost.is_set():  # asyncpg notices a dead socket on use
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(lost.wait(), 5)
+                    if not lost.is_set():
+                        await conn.execute("SELECT 1", timeout=5)
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("bus listener lost (%s); reconnecting", type(exc).__name__)
+            finally:
+                self.connected.clear()
+                if conn is not None and not conn.is_closed():
+                    conn.terminate()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RECONNECT_MAX)
+
+    async def publish_ephemeral(self, tenant: str, raw: bytes) -> None:
+        payload = f"{self.store.node_id}\n{tenant}\n{raw.decode()}"
+        if len(payload.encode()) > NOTIFY_PAYLOAD_MAX:
+            return  # too big for a NOTIFY: local subscribers only (see module docstring)
+        await self.store.notify(EPHEMERAL_CHANNEL, payload)

@@ -1,0 +1,87 @@
+"""Smoke tests of the bench suite: it runs and reports figures. No timing is asserted.
+
+Benchmarks are never pass/fail on speed (the machine is shared and noisy); these tests
+only make the suite notice when `python -m bench` itself breaks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from relay_fixtures import RelayProcess
+
+from bench import compare, micro
+from bench.load import PhaseResult, Profile, phase_title
+from bench.peers import RELAYS
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "--events", "200", "--engrams", "100", "--reqs", "40", "--heads", "40",
+    "--connections", "2", "--window", "10", "--req-connections", "2", "--req-window", "2",
+    "--subscribers", "5", "--fanout-rate", "20", "--fanout-seconds", "1",
+    "--phase-timeout", "60",
+]  # fmt: skip
+
+
+def test_bench_load_against_a_real_relay(relay: RelayProcess, tmp_path: Path) -> None:
+    env = {**os.environ, "ENGRAM_BENCH_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "bench", "load", "--url", relay.url, "--pid", str(relay.pid)]
+    proc = subprocess.run(
+        [*cmd, *TINY], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    ops = {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(r"^  (\S.*?)\s+(\d+) ok in ", proc.stdout, re.MULTILINE)
+    }
+    for phase in ("kind1", "engram", "req", "head", "fanout5"):
+        assert ops.get(phase_title(phase), 0) > 0, out
+    assert "relay CPU us/op" in proc.stdout, out  # the figures table was printed
+    assert list((tmp_path / "cache").glob("kind1-200-*.msgpack")), "events were not cached"
+
+
+def test_bench_entry_point_help(capsys) -> None:
+    from bench.__main__ import main
+
+    assert main([]) == 0
+    assert "compare" in capsys.readouterr().out
+    assert main(["nope"]) == 2
+
+
+def test_micro_cases_run_once() -> None:
+    for _name, fn in micro.cases() + micro.relay_cases():
+        fn()
+
+
+def test_compare_report_and_results_file(tmp_path: Path) -> None:
+    """The report renders medians and ratios from results, and names a relay that failed."""
+
+    def result(phase: str, ops: int, cpu: float) -> PhaseResult:
+        return PhaseResult(
+            phase, ops=ops, elapsed=1.0, latencies=[0.001, 0.002], relay_cpu=cpu,
+            errors=Counter({"rate-limited: slow down": 1}),
+        )  # fmt: skip
+
+    profile = Profile(phases=("kind1",))
+    ours = compare.RelayRuns("ours", RELAYS["ours"], "0.1")
+    ours.rounds = [[result("kind1", 1000, 0.1)], [result("kind1", 3000, 0.2)]]
+    peer = compare.RelayRuns("nostr-sdk", RELAYS["nostr-sdk"], "0.45")
+    peer.rounds = [[result("kind1", 1000, 0.1)]]
+    broken = compare.RelayRuns("nostr-relay-pg", RELAYS["nostr-relay-pg"])
+    broken.problem = "not installed: pip failed"
+    text = compare.report([ours, peer, broken], profile, rounds=2)
+    assert "| engram-relay 0.1 | 2,000 |" in text  # median of 1,000 and 3,000 ops/s
+    assert "| ours / nostr-sdk LocalRelay | 2.00 |" in text
+    assert "not run: not installed: pip failed" in text
+    path = tmp_path / "RESULTS.md"
+    path.write_text(f"# notes\n\n{compare.BEGIN}\nold\n{compare.END}\n\nafter\n")
+    compare.write_results(path, text)
+    written = path.read_text()
+    assert "old" not in written and "after" in written and "# notes" in written
+    assert "ours / nostr-sdk" in written

@@ -1,0 +1,153 @@
+"""The exit-code contract for failures a well-behaved relay will not produce on demand:
+refused AUTH (3), gated reads (3), silence (2, timeout), refusals (2), lost races (5),
+and anything unexpected (4). Scripted websocket servers stand in for misbehaving relays."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import pytest
+import typer
+from cli_support import (
+    Keys,
+    engram_async,
+    fake_relay,
+    listening_never_accepting,
+    silent_relay,
+)
+from typer.testing import CliRunner
+
+from cli.mem import MemGroup
+
+Frames = list[list[Any]]
+
+
+def scripted(
+    auth: Callable[[str], Frames] = lambda eid: [["OK", eid, True, ""]],
+    req: Callable[[str], Frames] = lambda sub: [["EOSE", sub]],
+    event: Callable[[str], Frames] = lambda eid: [["OK", eid, True, ""]],
+) -> Any:
+    """A relay that sends a challenge, then answers each AUTH/REQ/EVENT with fixed frames."""
+
+    async def handler(ws: Any) -> None:
+        await ws.send('["AUTH","c"]')
+        async for raw in ws:
+            msg = msgspec.json.decode(raw)
+            if msg[0] == "AUTH":
+                replies = auth(msg[1]["id"])
+            elif msg[0] == "REQ":
+                replies = req(msg[1])
+            elif msg[0] == "EVENT":
+                replies = event(msg[1]["id"])
+            else:
+                replies = []
+            for frame in replies:
+                await ws.send(msgspec.json.encode(frame).decode())
+
+    return handler
+
+
+async def run(url: str, *args: str) -> Any:
+    return await engram_async(*args, env=Keys.fresh().agent_env(url))
+
+
+@pytest.mark.parametrize(
+    ("relay", "args", "code", "words"),
+    [
+        (
+            scripted(auth=lambda e: [["OK", e, False, "restricted: not you"]]),
+            ("get", "x"),
+            3,
+            "refused AUTH",
+        ),
+        (
+            scripted(req=lambda s: [["CLOSED", s, "auth-required: please"]]),
+            ("get", "x"),
+            3,
+            "auth-required",
+        ),
+        (
+            scripted(req=lambda s: [["CLOSED", s, "restricted: not yours"]]),
+            ("hash", "x"),
+            3,
+            "restricted",
+        ),
+        (
+            scripted(req=lambda s: [["CLOSED", s, "error: database down"]]),
+            ("get", "x"),
+            2,
+            "database down",
+        ),
+        (
+            scripted(event=lambda e: [["OK", e, False, "invalid: nope"]]),
+            ("set", "x", "v"),
+            2,
+            "invalid: nope",
+        ),
+        (
+            scripted(event=lambda e: [["OK", e, False, "auth-required: sign in"]]),
+            ("set", "x", "v"),
+            3,
+            "auth-required",
+        ),
+        (
+            scripted(event=lambda e: [["OK", e, True, "duplicate: have a newer one"]]),
+            ("set", "x", "v"),
+            5,
+            "conflict",
+        ),
+        (scripted(), ("set", "x", "v"), 5, "conflict"),  # OK, but the re-read shows no head
+        (scripted(), ("get", "x"), 1, "not found"),
+    ],
+)
+async def test_relay_answers_map_to_exit_codes(
+    relay: Any, args: tuple[str, ...], code: int, words: str
+) -> None:
+    async with fake_relay(relay) as url:
+        result = await run(url, "mem", *args, "--timeout", "5")
+    err = result.stderr.decode()
+    assert result.returncode == code, err
+    assert words in err and err.count("\n") == 1
+
+
+async def test_ls_without_nip11_still_lists_and_warns() -> None:
+    async with fake_relay(scripted()) as url:
+        result = await run(url, "mem", "ls", "--timeout", "5")
+    assert (result.returncode, result.stdout) == (0, b"")
+    assert b"NIP-11" in result.stderr and b"may be partial" in result.stderr
+
+
+async def test_silent_relay_times_out_with_exit_2() -> None:
+    async with fake_relay(silent_relay) as url:
+        start = time.monotonic()
+        result = await run(url, "mem", "get", "x", "--timeout", "0.5")
+        elapsed = time.monotonic() - start
+    assert result.returncode == 2
+    assert b"timed out" in result.stderr
+    assert elapsed < 10  # process start-up included; the point is that it does not hang
+
+
+async def test_hanging_tcp_times_out_with_exit_2() -> None:
+    with listening_never_accepting() as url:
+        result = await run(url, "mem", "ls", "--timeout", "0.5")
+    assert result.returncode == 2
+    assert b"timed out" in result.stderr or b"NIP-11" in result.stderr
+
+
+def test_unexpected_errors_are_exit_4_on_one_line() -> None:
+    app = typer.Typer(cls=MemGroup)
+
+    @app.command()
+    def boom() -> None:
+        raise RuntimeError("something odd\nwith two lines")
+
+    @app.command()
+    def other() -> None:
+        pass
+
+    result = CliRunner().invoke(app, ["boom"])
+    assert result.exit_code == 4
+    assert result.output == "engram: unexpected error: RuntimeError: something odd with two lines\n"

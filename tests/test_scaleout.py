@@ -1,0 +1,161 @@
+"""Several relay processes on one PostgreSQL: live events cross processes and survive
+lost LISTEN connections and dead nodes; the tail never skips a late commit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import asyncpg
+import pytest
+from nostr_client import Client
+
+from engram.nip01 import pubkey_of, sign_event
+from relay.config import Settings
+from relay.store import SaveStatus
+from relay.store.postgres import PostgresStore
+from relay.wire import encode_event
+
+AUX = bytes(32)
+
+
+def key(n: int) -> bytes:
+    return (0x5CA1E000 + n).to_bytes(32, "big")
+
+
+def ev(sk: bytes, kind: int = 1, content: str = ""):
+    return sign_event(sk, int(time.time()), kind, [], content, AUX)
+
+
+async def until_received(c: Client, event_id: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = await c.recv(timeout=max(0.1, deadline - time.monotonic()))
+        if msg[0] == "EVENT" and msg[2]["id"] == event_id:
+            return
+
+
+@pytest.fixture
+def two_nodes(start_relay):
+    first = start_relay(env={"ENGRAM_BUS_POLL_SECONDS": "0.5"})
+    second = start_relay(database_url=first.database_url, env={"ENGRAM_BUS_POLL_SECONDS": "0.5"})
+    return first, second
+
+
+async def test_live_events_cross_processes(two_nodes):
+    n1, n2 = two_nodes
+    sk = key(1)
+    flt = {"authors": [pubkey_of(sk)]}
+    async with await Client.connect(n1.url) as sub, await Client.connect(n2.url) as pub:
+        _, end = await sub.req("s", flt)
+        assert end[0] == "EOSE"
+        stored = ev(sk, content="stored on node 2")
+        t0 = time.monotonic()
+        assert (await pub.publish(stored))[2] is True
+        await until_received(sub, stored.id)
+        assert time.monotonic() - t0 < 2.0  # woken by NOTIFY, not only by the poll
+        eph = ev(sk, kind=20001, content="ephemeral via node 2")
+        assert (await pub.publish(eph))[2] is True
+        await until_received(sub, eph.id)
+        # the publishing node's own subscriber gets each event once, not again via the bus
+        _, end = await pub.req("own", flt)
+        local = ev(sk, content="local")
+        assert (await pub.publish(local))[2] is True
+        await until_received(pub, local.id)
+        with pytest.raises(asyncio.TimeoutError):
+            while True:
+                msg = await pub.recv(timeout=1.5)
+                assert not (msg[0] == "EVENT" and msg[2]["id"] == local.id), "duplicate"
+
+
+async def test_listener_reconnects_and_catches_up(two_nodes, pg_server_url):
+    n1, n2 = two_nodes
+    sk = key(2)
+    async with await Client.connect(n1.url) as sub, await Client.connect(n2.url) as pub:
+        _, end = await sub.req("s", {"authors": [pubkey_of(sk)]})
+        assert end[0] == "EOSE"
+        admin = await asyncpg.connect(pg_server_url)
+        try:  # cut every LISTEN connection of both nodes, mid-stream
+            killed = await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE query LIKE 'LISTEN%' OR query = 'SELECT 1'"
+            )
+            assert killed >= 1
+        finally:
+            await admin.close()
+        events = [ev(sk, content=f"during reconnect {i}") for i in range(5)]
+        for e in events:
+            assert (await pub.publish(e))[2] is True
+        for e in events:  # delayed, never lost
+            await until_received(sub, e.id, timeout=15)
+
+
+async def test_one_node_killed_the_other_keeps_serving(two_nodes):
+    n1, n2 = two_nodes
+    sk = key(3)
+    async with await Client.connect(n2.url) as sub, await Client.connect(n2.url) as pub:
+        _, end = await sub.req("s", {"authors": [pubkey_of(sk)]})
+        assert end[0] == "EOSE"
+        os.kill(n1.pid, signal.SIGKILL)
+        n1.proc.wait(10)
+        for i in range(3):
+            e = ev(sk, content=f"after the other died {i}")
+            assert (await pub.publish(e))[2] is True
+            await until_received(sub, e.id)
+
+
+async def test_tail_never_skips_a_late_commit(database_url, make_event):
+    """A transaction that began first but commits last is still delivered, in order."""
+    writer = await PostgresStore.open(database_url, Settings())
+    reader = await PostgresStore.open(database_url, Settings())
+    slow = await asyncpg.connect(database_url)
+    try:
+        position = await reader.bus_position()
+        late = make_event(key(4), content="committed late")
+        await slow.execute("BEGIN")
+        await slow.execute("SELECT pg_current_xact_id()")  # takes its xid first
+        early = make_event(key(5), content="committed early")
+        assert (await writer.save(early, encode_event(early))).status is SaveStatus.STORED
+        position, rows = await reader.bus_read(position)
+        assert rows == []  # held back: an older transaction is still in flight
+        await slow.execute(
+            "INSERT INTO events (tenant, id, pubkey, created_at, kind, content, sig, raw)"
+            " VALUES ('default', $1, $2, $3, 1, $4, $5, $6)",
+            bytes.fromhex(late.id),
+            bytes.fromhex(late.pubkey),
+            late.created_at,
+            late.content,
+            bytes.fromhex(late.sig),
+            encode_event(late),
+        )
+        await slow.execute("COMMIT")
+        position, rows = await reader.bus_read(position)
+        assert [raw for _, raw in rows] == [encode_event(late), encode_event(early)]
+        assert (await reader.bus_read(position))[1] == []  # and nothing twice
+    finally:
+        await slow.close()
+        await writer.close()
+        await reader.close()
+
+
+async def test_workers_share_live_events(start_relay):
+    rp = start_relay(args=("--workers", "2"), env={"ENGRAM_BUS_POLL_SECONDS": "0.5"})
+    sk = key(6)
+    flt = {"authors": [pubkey_of(sk)]}
+    subs = [await Client.connect(rp.url) for _ in range(6)]
+    pubs = [await Client.connect(rp.url) for _ in range(4)]
+    try:
+        for i, s in enumerate(subs):
+            _, end = await s.req(f"s{i}", flt)
+            assert end[0] == "EOSE"
+        events = [ev(sk, content=f"via worker {i}") for i in range(len(pubs))]
+        for p, e in zip(pubs, events, strict=True):
+            assert (await p.publish(e))[2] is True
+        for s in subs:  # whichever process each landed on, every event arrives
+            for e in events:
+                await until_received(s, e.id)
+    finally:
+        for c in subs + pubs:
+            await c.close()
