@@ -13,6 +13,7 @@ commands:
   micro     per-operation costs and ops/s of the protocol core and the store on this machine
   load      drive a running relay (--url ws://127.0.0.1:PORT) and report each phase
   compare   start this relay and the peer relays on loopback, load each, print ratios
+  crossnode publish -> delivery latency between two relay processes on one PostgreSQL
 
 `python -m bench <command> --help` shows each command's options."""
 
@@ -35,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import compare
 
         return compare.main(rest)
+    if command == "crossnode":
+        from bench import crossnode
+
+        return crossnode.main(rest)
     print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

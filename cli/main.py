@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
-import sys
 from typing import Annotated
 
 import typer
@@ -83,13 +81,7 @@ def serve(
                 **({"ENGRAM_LOG_FORMAT": settings.log_format} if log_format else {}),
             }
         )
-    # uvicorn re-raises SIGTERM/SIGINT after a clean shutdown; turning that into an
-    # ordinary exit lets the embedded PostgreSQL stop with us (and exits 0 in Docker)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    uvicorn.run(
-        "relay.app:create_app_from_env" if workers > 1 else create_app(settings, url),
-        factory=workers > 1,
-        workers=workers if workers > 1 else None,
+    options = dict(
         host=settings.host,
         port=settings.port,
         loop="uvloop",
@@ -103,6 +95,12 @@ def serve(
         access_log=False,
         lifespan="on",
     )
+    if workers > 1:
+        uvicorn.run("relay.app:create_app_from_env", factory=True, workers=workers, **options)
+    else:
+        from cli.server import Server
+
+        Server(uvicorn.Config(create_app(settings, url), **options)).run()
 
 
 @app.command()

@@ -16,14 +16,16 @@ from relay.wire import Reason
 class RateLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Rates are per second; a burst is how many may come at once. 0 turns a limit off."""
 
-    messages_per_second: float = 2_000.0  # per connection, every message type
-    message_burst: int = 4_000
-    events_per_second: float = 1_000.0  # per connection, EVENT only
-    event_burst: int = 2_000
-    ip_messages_per_second: float = 20_000.0  # per (tenant, IP), all its connections
-    ip_message_burst: int = 40_000
-    ip_events_per_second: float = 10_000.0
-    ip_event_burst: int = 20_000
+    # Defaults stop floods, not heavy honest clients (importers, benchmarks): tighten them
+    # for a public relay.
+    messages_per_second: float = 10_000.0  # per connection, every message type
+    message_burst: int = 20_000
+    events_per_second: float = 5_000.0  # per connection, EVENT only
+    event_burst: int = 10_000
+    ip_messages_per_second: float = 50_000.0  # per (tenant, IP), all its connections
+    ip_message_burst: int = 100_000
+    ip_events_per_second: float = 20_000.0
+    ip_event_burst: int = 40_000
     connections_per_ip: int = 2_000
     subscriptions_per_ip: int = 20_000
     trust_forwarded_for: bool = False  # take the client IP from X-Forwarded-For (proxies)

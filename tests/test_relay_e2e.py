@@ -330,6 +330,11 @@ async def test_replaceable_races_leave_one_head(shared_relay, kind, tags):
 # -- NIP-42 and the engram read gate -------------------------------------------------------
 
 
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS"))
+
+
 def vector_events() -> tuple[list[Event], bytes, bytes]:
     with open(VECTORS) as fh:
         v = json.load(fh)
@@ -454,6 +459,7 @@ async def test_slow_consumer_is_disconnected_others_unaffected(relay):
         _, end = await fast.req("f", flt)
         assert end[0] == "EOSE"
         n_events, size = 1_500, 20_000  # ~30 MB: far beyond socket buffers + the send queue
+        rss_before = rss_kb(relay.pid)
         got = 0
         for chunk in range(0, n_events, 100):
             batch = [ev(sk, content=f"{i:05d}" + "z" * size) for i in range(chunk, chunk + 100)]
@@ -468,6 +474,9 @@ async def test_slow_consumer_is_disconnected_others_unaffected(relay):
         while chunk_ := await asyncio.to_thread(slow.recv, 1 << 20):
             received += len(chunk_)
         assert received < n_events * size // 2
+        grown = rss_kb(relay.pid) - rss_before
+        print(f"\nrelay RSS grew {grown} kB while 30 MB went to a stalled subscriber")
+        assert grown < 20_000  # bounded by the queue, not by what was published
         assert (await w.publish(ev(sk, content="after")))[2] is True
         assert (await fast.recv())[2]["content"] == "after"
     slow.close()

@@ -250,3 +250,29 @@ async def test_dead_connections_are_closed_by_ping(start_relay):
         received += chunk
     assert b"AUTH" in received
     sock.close()
+
+
+async def test_address_wide_event_rate_spans_connections(start_relay):
+    rp = start_relay(
+        env={"ENGRAM_RATE_IP_EVENTS_PER_SECOND": "1", "ENGRAM_RATE_IP_EVENT_BURST": "4"}
+    )
+    sk = key(13)
+    async with await Client.connect(rp.url) as a, await Client.connect(rp.url) as b:
+        first = await a.publish_many([ev(sk, content=f"a{i}") for i in range(3)])
+        assert all(ok[2] for ok in first.values())  # each connection alone is under...
+        second = await b.publish_many([ev(sk, content=f"b{i}") for i in range(3)])
+        refused = [ok for ok in second.values() if ok[2] is False]
+        assert len(refused) == 2  # ...but the address is not
+        assert all(ok[3].startswith("rate-limited:") and "address" in ok[3] for ok in refused)
+
+
+async def test_values_per_filter_cap(start_relay):
+    rp = start_relay(env={"ENGRAM_LIMITS_MAX_FILTER_VALUES": "3"})
+    async with await Client.connect(rp.url) as c:
+        four = ["a" * 63 + str(i) for i in range(4)]
+        _, end = await c.req("v", {"ids": four})
+        assert end == ["CLOSED", "v", "invalid: too many ids (max 3)"]
+        _, end = await c.req("v", {"#t": ["1", "2", "3", "4"]})
+        assert end == ["CLOSED", "v", "invalid: too many #t values (max 3)"]
+        _, end = await c.req("v", {"ids": four[:3]})
+        assert end[0] == "EOSE"  # at the cap is fine, and the connection kept working
