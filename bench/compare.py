@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bench import load
 from bench.events import Keyring, load_events
-from bench.load import FIGURES, PhaseResult, Profile, fmt, phase_title
+from bench.load import FIGURES, HIGHER_IS_BETTER, PhaseResult, Profile, fmt, phase_title
 from bench.peers import RELAYS, PeerError, Postgres, RelaySpec
 
 BEGIN, END = "<!-- compare:begin -->", "<!-- compare:end -->"
@@ -96,7 +96,11 @@ def machine() -> str:
 
 
 def run_compare(
-    keys: list[str], profile: Profile, rounds: int, say: Callable[[str], None] = print
+    keys: list[str],
+    profile: Profile,
+    rounds: int,
+    say: Callable[[str], None] = print,
+    keep_logs: bool = False,
 ) -> tuple[list[RelayRuns], str]:
     """Prepare, then run every relay once per round; returns the runs and the PG settings."""
     runs = [RelayRuns(k, RELAYS[k]) for k in keys]
@@ -134,7 +138,10 @@ def run_compare(
     finally:
         if pg is not None:
             pg.close()
-        if any(r.failures for r in runs):
+        had_errors = any(
+            r.failures or any(p.errors for results in r.rounds for p in results) for r in runs
+        )
+        if keep_logs or had_errors:
             say(f"relay logs kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
@@ -187,7 +194,12 @@ def _why_not(r: RelayRuns) -> str:
 
 def report(runs: list[RelayRuns], profile: Profile, rounds: int) -> str:
     """Markdown: one table of medians per phase, one of ratios ours/peer per phase."""
-    lines: list[str] = []
+    better = ", ".join(sorted(HIGHER_IS_BETTER))
+    lines: list[str] = [
+        f"Ratios are ours / peer: for {better} above 1 is ours better; for every other"
+        " figure below 1 is ours better.",
+        "",
+    ]
     ok = [r for r in runs if r.rounds]
     lines.append("Relays:")
     lines.append("")
@@ -273,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--rounds", type=int, default=2, help="rounds (medians are reported)")
     p.add_argument("--results", type=Path, help="write the tables into this markdown file")
+    p.add_argument("--keep-logs", action="store_true", help="keep the relays' logs and files")
     load.add_profile_args(p)
     return p
 
@@ -288,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = load.profile_from_args(args)
     load.raise_fd_limit()  # inherited by the relays: 1,000 subscribers need descriptors
     t0 = time.monotonic()
-    runs, pg_settings = run_compare(keys, profile, max(1, args.rounds))
+    runs, pg_settings = run_compare(keys, profile, max(1, args.rounds), keep_logs=args.keep_logs)
     text = (
         header(argv, profile, args.rounds, pg_settings)
         + "\n\n"

@@ -94,6 +94,7 @@ def serve(
         log_config=None,  # uvicorn logs through setup_logging's handler
         access_log=False,
         lifespan="on",
+        ws="relay.wsserver:RelayWebSocketProtocol",
     )
     if workers > 1:
         uvicorn.run("relay.app:create_app_from_env", factory=True, workers=workers, **options)

@@ -5,6 +5,7 @@ Pure: no I/O, no clock, no randomness of its own (Schnorr aux comes in as an arg
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
@@ -87,14 +88,19 @@ def id_matches(event: Event) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=16_384)
+def _xonly(pubkey_hex: str) -> PublicKeyXOnly:
+    """Parsed keys, cached: an author's next event skips the curve point decoding
+    (about an eighth of a verification, measured with py-spy on the relay's ingest)."""
+    return PublicKeyXOnly(bytes.fromhex(pubkey_hex))
+
+
 def signature_valid(event: Event) -> bool:
     """BIP-340 signature over the (already checked) id; False for malformed keys/sigs."""
     if not (is_hex(event.sig, 128) and is_hex(event.pubkey, 64) and is_hex(event.id, 64)):
         return False
     try:
-        return PublicKeyXOnly(bytes.fromhex(event.pubkey)).verify(
-            bytes.fromhex(event.sig), bytes.fromhex(event.id)
-        )
+        return _xonly(event.pubkey).verify(bytes.fromhex(event.sig), bytes.fromhex(event.id))
     except (ValueError, TypeError):
         return False
 

@@ -79,6 +79,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     send_queue_bytes: int = 4 * 1024 * 1024  # ... or bytes buffered, whichever comes first
     in_flight_max: int = 256  # frames handled concurrently per connection (then backpressure)
     write_batch_max: int = 500  # events per group-commit transaction
+    write_concurrency: int = 3  # group-commit transactions in flight at once
     ping_interval_seconds: float = 30.0  # websocket ping of every connection...
     ping_timeout_seconds: float = 20.0  # ...closed when the pong is this late (dead peer)
     query_timeout_seconds: float = 10.0  # statement timeout of every REQ/COUNT query

@@ -13,6 +13,7 @@ import collections
 import contextlib
 import logging
 import secrets
+from typing import Any
 
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket
@@ -25,6 +26,7 @@ from relay.wire import Reason
 
 log = logging.getLogger("engram.transport")
 
+DIRECT = "engram.direct"  # scope extension: relay.wsserver's synchronous send path
 SLOW_CONSUMER_CLOSE = 4000  # websocket close code used when a reader falls behind
 CLOSE_TIMEOUT = 2.0  # seconds to try a close handshake with a reader that is stuck
 
@@ -34,6 +36,8 @@ class Connection:
 
     def __init__(self, ws: WebSocket, max_frames: int, max_bytes: int) -> None:
         self.ws = ws
+        # the server's direct send path (relay.wsserver), when it offers one
+        self.direct: Any = ws.scope.get("extensions", {}).get(DIRECT)
         self.max_frames = max_frames
         self.max_bytes = max_bytes
         self.frames: collections.deque[bytes] = collections.deque()
@@ -54,9 +58,18 @@ class Connection:
         self.queued_bytes += len(frame)
         self._ready.set()
 
+    def _send_direct(self, frame: bytes) -> bool:
+        """Hand the frame to the socket now, if nothing is queued ahead of it and the
+        socket is taking data; otherwise the queue keeps order and applies backpressure."""
+        direct = self.direct
+        if direct is not None and not self.frames and direct.can_send():
+            direct.send_text_now(frame)
+            return True
+        return False
+
     def send(self, frame: bytes) -> None:
         """Non-blocking; a full queue means the reader fell behind: drop the connection."""
-        if self.overflowed:
+        if self.overflowed or self._send_direct(frame):
             return
         if self._full(len(frame)):
             self.overflowed = True
@@ -74,7 +87,7 @@ class Connection:
         while not self.overflowed and self._full(len(frame)):
             self._room.clear()
             await self._room.wait()
-        if not self.overflowed:
+        if not self.overflowed and not self._send_direct(frame):
             self._push(frame)
 
     async def writer(self) -> None:

@@ -38,30 +38,61 @@ _UNNEST = (
     " t.content, t.sig, t.raw, t.expires_at, $13::text"
     " FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::int8[], $5::int4[], $6::text[],"
     " $7::bytea[], $8::text[], $9::text[], $10::bytea[], $11::bytea[], $12::int8[])"
-    " AS t(tenant, id, pubkey, created_at, kind, d, owner, tagvals, content, sig, raw,"
-    " expires_at)"
+    " WITH ORDINALITY AS t(tenant, id, pubkey, created_at, kind, d, owner, tagvals, content,"
+    " sig, raw, expires_at, ord)"
+)
+# Rows are inserted (and locked) in the caller's order, sorted by key or address, even
+# through the anti-joins below: concurrent batches then lock in one order and cannot
+# deadlock each other.
+_IN_ORDER = " ORDER BY t.ord"
+
+# The live bus: one wake-up per committed batch (never the event: payloads cap at 8000
+# bytes), then every node reads the rows of transactions that finished since it last read.
+BUS_CHANNEL = "engram_events"
+
+# NIP-09: an event its author deleted never comes back (`a` deletions cover versions up
+# to the request's created_at). Filtered inside the insert, so the common batch is one
+# round trip; the caller tells BLOCKED from DUPLICATE only for rows that did not go in.
+_NOT_DELETED_ID = (
+    " WHERE NOT EXISTS (SELECT 1 FROM deleted_events x WHERE x.tenant = t.tenant"
+    " AND x.id = t.id AND x.pubkey = t.pubkey)"
+)
+_NOT_DELETED_ADDRESS = (
+    " AND NOT EXISTS (SELECT 1 FROM deleted_addresses y WHERE y.tenant = t.tenant"
+    " AND y.pubkey = t.pubkey AND y.kind = t.kind AND y.d = t.d AND t.created_at <= y.until)"
 )
 
+
+def _waking(insert: str) -> str:
+    """The insert, returning (tenant, id) of stored rows, plus the bus wake-up in the same
+    statement (a NOTIFY is delivered at commit, and only if something was stored)."""
+    return (
+        f"WITH ins AS ({insert} RETURNING tenant, id),"
+        f" wake AS (SELECT pg_notify('{BUS_CHANNEL}', '') WHERE EXISTS (SELECT 1 FROM ins))"
+        " SELECT ins.tenant, ins.id FROM ins LEFT JOIN wake ON true"
+    )
+
+
 # Regular events: an existing (tenant, id) means DUPLICATE; RETURNING names the new rows.
-INSERT_REGULAR = (
-    f"INSERT INTO events ({_COLUMNS}) {_UNNEST}"
-    " ON CONFLICT (tenant, id) DO NOTHING RETURNING tenant, id"
+# Regular events: an existing (tenant, id) means DUPLICATE; RETURNING names the new rows.
+INSERT_REGULAR = _waking(
+    f"INSERT INTO events ({_COLUMNS}) {_UNNEST}{_NOT_DELETED_ID}{_IN_ORDER}"
+    " ON CONFLICT (tenant, id) DO NOTHING"
 )
 
 # Replaceable/addressable events: the replace rule as ONE statement against the unique
 # address index, so two writers can never both win (spec: newest created_at, ties to the
 # lowest id). The caller guarantees one row per address per statement, otherwise
 # Postgres raises "ON CONFLICT DO UPDATE command cannot affect row a second time".
-INSERT_REPLACEABLE = (
-    f"INSERT INTO events ({_COLUMNS}) {_UNNEST}"
-    " ON CONFLICT (tenant, pubkey, kind, d) WHERE d IS NOT NULL DO UPDATE SET"
+INSERT_REPLACEABLE = _waking(
+    f"INSERT INTO events ({_COLUMNS}) {_UNNEST}{_NOT_DELETED_ID}{_NOT_DELETED_ADDRESS}"
+    f"{_IN_ORDER} ON CONFLICT (tenant, pubkey, kind, d) WHERE d IS NOT NULL DO UPDATE SET"
     " id = excluded.id, created_at = excluded.created_at, owner = excluded.owner,"
     " tagvals = excluded.tagvals, content = excluded.content, sig = excluded.sig,"
     " raw = excluded.raw, expires_at = excluded.expires_at, origin = excluded.origin,"
     " xid = pg_current_xact_id()"
     " WHERE excluded.created_at > events.created_at"
     " OR (excluded.created_at = events.created_at AND excluded.id < events.id)"
-    " RETURNING tenant, id"
 )
 
 # Which of the given (tenant, id) pairs are stored: tells DUPLICATE from STALE.
@@ -104,10 +135,6 @@ DELETE_ADDRESSES = (
     " AND e.kind = t.kind AND e.d = t.d AND e.created_at <= t.until"
 )
 
-# The live bus: one wake-up per committed batch (never the event: payloads cap at 8000
-# bytes), then every node reads the rows of transactions that finished since it last read.
-BUS_CHANNEL = "engram_events"
-NOTIFY_STORED = f"SELECT pg_notify('{BUS_CHANNEL}', '')"
 BUS_XMIN = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text"
 BUS_TAIL = (
     "WITH snap AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS hi)"
