@@ -184,7 +184,8 @@ def ratio(ours: float | None, peer: float | None) -> str:
         return "-"
     if peer == 0:
         return "-" if ours == 0 else "inf"
-    return f"{ours / peer:.2f}"
+    r = ours / peer
+    return f"{r:.2f}" if r >= 0.1 else f"{r:.2g}"  # 0.0048 must not read as 0.00
 
 
 def _why_not(r: RelayRuns) -> str:

@@ -1,17 +1,19 @@
 """uvicorn's websocket protocol with a direct, corked send path for the relay's frames.
 
-Profiling the REQ phase showed a third of the relay's CPU in one `transport.write`
-syscall per frame plus the ASGI await chain around it (a REQ answers with up to
-`limit` + 1 frames). This protocol lets the transport hand it ready UTF-8 frames
-synchronously; they are framed into the websocket buffer at once and written with one
-syscall per event-loop iteration. The ASGI path stays for everything else (and is what
-the transport falls back to whenever the socket is not writable, so ordering and
-backpressure are unchanged). Plain ASGI servers work too: the transport only uses this
-when the `engram.direct` scope extension is present.
+Profiling the REQ and fan-out phases showed most of the relay's CPU in one
+`transport.write` syscall per frame, the websockets library's frame objects, and the
+ASGI await chain around each send. This protocol lets the transport hand it ready UTF-8
+frames synchronously: the frame header is built here (server frames are unmasked and
+never fragmented), and every connection with output is written once per event-loop
+iteration. The ASGI path stays for everything else (and is what the transport falls
+back to whenever the socket is not writable, so ordering and backpressure are kept).
+Plain ASGI servers work too: the transport uses this only when the `engram.direct`
+scope extension is present.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -19,11 +21,42 @@ from websockets.protocol import State
 
 from relay.transport import DIRECT
 
+_OPEN = State.OPEN
+
+
+def text_frame_header(size: int) -> bytes:
+    """RFC 6455 header of an unmasked, final text frame carrying `size` bytes."""
+    if size < 126:
+        return bytes((0x81, size))
+    if size < 65_536:
+        return b"\x81\x7e" + size.to_bytes(2, "big")
+    return b"\x81\x7f" + size.to_bytes(8, "big")
+
+
+class _Corker:
+    """Connections with pending output in this loop iteration, flushed together."""
+
+    def __init__(self) -> None:
+        self.pending: list[RelayWebSocketProtocol] = []
+
+    def add(self, proto: RelayWebSocketProtocol) -> None:
+        if not self.pending:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.pending.append(proto)
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        for proto in pending:
+            proto.flush()
+
+
+_corker = _Corker()
+
 
 class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._flush_pending = False
+        self._out: list[bytes] = []
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
@@ -35,20 +68,26 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
         return (
             self.writable.is_set()
             and not self.close_sent
-            and self.conn.state is State.OPEN
+            and self.conn.state is _OPEN
             and not self.transport.is_closing()
         )
 
     def send_text_now(self, payload: bytes) -> None:
-        """Queue one text frame (UTF-8 bytes); written with the others at the end of this
-        loop iteration. The caller checks `can_send()` first."""
-        self.conn.send_text(payload)
-        if not self._flush_pending:
-            self._flush_pending = True
-            self.loop.call_soon(self._flush)
+        """One text frame (UTF-8 bytes), written with the others at the end of this loop
+        iteration. The caller checks `can_send()` first."""
+        out = self._out
+        if not out:
+            _corker.add(self)
+        out.append(text_frame_header(len(payload)))
+        out.append(payload)
 
-    def _flush(self) -> None:
-        self._flush_pending = False
-        output = self.conn.data_to_send()
-        if output and not self.transport.is_closing():
-            self.transport.write(b"".join(output))
+    def flush(self) -> None:
+        out, self._out = self._out, []
+        pending = self.conn.data_to_send()  # pings/pongs the library queued meanwhile
+        if pending:
+            out = [*pending, *out]
+        if out and not self.transport.is_closing():
+            if self.close_sent:  # nothing may follow a close frame
+                out = pending or []
+            if out:
+                self.transport.write(b"".join(out))

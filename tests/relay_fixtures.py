@@ -13,8 +13,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import asyncpg
 import pytest
+
+from relay.store.embedded import ensure_database, with_database
 
 
 def free_port() -> int:
@@ -26,11 +27,7 @@ def free_port() -> int:
 async def create_database(server_url: str) -> str:
     """A fresh, uniquely named database on the test server; returns its URL."""
     name = "t_" + uuid.uuid4().hex[:16]
-    conn = await asyncpg.connect(server_url)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
+    await ensure_database(server_url, name)
     return with_database(server_url, name)
 
 
@@ -41,14 +38,6 @@ def create_database_sync(server_url: str) -> str:
 
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, create_database(server_url)).result()
-
-
-def with_database(url: str, name: str) -> str:
-    """The same server URL pointing at another database (socket or TCP URLs alike)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/" + name))
 
 
 @dataclass

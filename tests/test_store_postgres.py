@@ -602,7 +602,15 @@ async def test_differential_against_matches(
         make_event(SK[a], kind=k, tags=tags, content=c, created_at=t) for a, k, t, tags, c in specs
     ]
     t = tenant()
-    await asyncio.gather(*(store.save(e, raw(e), t) for e in events))
+    results = await asyncio.gather(*(store.save(e, raw(e), t) for e in events))
+    # Engrams without exactly one `d` tag are refused (ingest never lets them through).
+    malformed = [
+        e.kind == KIND_ENGRAM and sum(1 for tg in e.tags if tg and tg[0] == "d") != 1
+        for e in events
+    ]
+    for bad, result in zip(malformed, results, strict=True):
+        assert (result.status is SaveStatus.ERROR) == bad, result
+    events = [e for e, bad in zip(events, malformed, strict=True) if not bad]
     # The oracle's idea of what is stored: every regular id, and one head per address.
     heads: dict[object, Event] = {}
     for ev in events:

@@ -253,6 +253,9 @@ def encode_row(event: Event, raw: bytes) -> Row:
         raise RowError("invalid: created_at out of range")
     if not (is_hex(event.id, 64) and is_hex(event.pubkey, 64) and is_hex(event.sig, 128)):
         raise RowError("invalid: id, pubkey and sig must be lower-case hex")
+    if kind == KIND_ENGRAM and sum(1 for t in tags if t and t[0] == "d") != 1:
+        # ingest already refuses these (validate_engram_envelope); the read side relies on it
+        raise RowError("invalid: agent-engram event must carry exactly one d tag")
     content = event.content
     if "\x00" in content:  # Postgres text cannot hold NUL; `raw` keeps the exact event
         content = content.replace("\x00", "")
@@ -328,11 +331,19 @@ def _conditions(f: Filter, p: _Params) -> list[str] | None:
         if not kinds:
             return None
         conds.append(f"kind = ANY({p.add(kinds)}::int4[])")
+    engram_only = kinds is not None and set(kinds) == {KIND_ENGRAM}
     for name, values in f.tags.items():
         if len(name) != 1:
             raise ValueError(f"tag filter names are single characters, got {name!r}")
         if not values:
             return None
+        if name == "d" and engram_only:
+            # A stored engram has exactly one `d` tag (encode_row refuses others), so
+            # `#d` is its `d` column: the CLI's head fetch becomes one probe of the
+            # address index instead of a scan of every engram of the author.
+            ds = list(dict.fromkeys(index_value(v) for v in values))
+            conds.append(f"d = ANY({p.add(ds)}::text[])")
+            continue
         keys = list(dict.fromkeys(tag_key(name, v) for v in values))
         conds.append(f"tagvals && {p.add(keys)}::text[]")
     if f.since is not None:
