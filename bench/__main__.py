@@ -14,6 +14,7 @@ commands:
   load      drive a running relay (--url ws://127.0.0.1:PORT) and report each phase
   compare   start this relay and the peer relays on loopback, load each, print ratios
   crossnode publish -> delivery latency between two relay processes on one PostgreSQL
+  soak      relay memory over a long mixed run (default 10 minutes)
 
 `python -m bench <command> --help` shows each command's options."""
 
@@ -36,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import compare
 
         return compare.main(rest)
+    if command == "soak":
+        from bench import soak
+
+        return soak.main(rest)
     if command == "crossnode":
         from bench import crossnode
 

@@ -6,10 +6,12 @@ Everything is per tenant: limits, policy, stored rows and the live fan-out.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import msgspec
 
@@ -21,7 +23,7 @@ from relay.fanout import FanOut
 from relay.filters import Filter, FilterError, parse_filter
 from relay.ratelimit import ConnectionAllowance, RateLimiter
 from relay.session import Session
-from relay.store import EventStore, SaveStatus, StoreError
+from relay.store import EventStore, SaveResult, SaveStatus, StoreError
 from relay.tenants import Tenant, TenantRegistry
 from relay.wire import Reason
 
@@ -60,36 +62,42 @@ class Relay:
 
     # -- dispatch ---------------------------------------------------------------
 
-    async def handle(self, session: Session, frame: bytes | str) -> None:
-        """Handle one client frame; every bad input is answered, never raised."""
+    def handle(self, session: Session, frame: bytes | str) -> Coroutine[Any, Any, None] | None:
+        """Handle one client frame; every bad input is answered, never raised.
+
+        EVENT, CLOSE and AUTH are dealt with here and now (an EVENT waiting for its
+        commit answers from a callback); REQ and COUNT return the coroutine that reads
+        the store, for the transport to run.
+        """
         tenant = self.tenant_of(session)
         limit = tenant.limits.max_message_length
         if len(frame) > limit:
             session.send(
                 wire.notice(Reason.INVALID(f"message too large ({len(frame)} > {limit} bytes)"))
             )
-            return
+            return None
         try:
             msg = wire.decode(frame)
         except wire.WireError as exc:
             metrics.message(tenant.key, None)
             session.send(exc.reply)
-            return
+            return None
         metrics.message(tenant.key, msg)
         limited = self.rate_limited(session, msg)
         if limited:
             metrics.limited(tenant.key, msg)
             session.send(limited)
         elif isinstance(msg, wire.EventMsg):
-            session.send(await self.ingest(session, tenant, msg.event))
+            return self.ingest(session, tenant, msg.event)
         elif isinstance(msg, wire.ReqMsg):
-            await self.request(session, tenant, msg.sub_id, msg.filters)
+            return self.request(session, tenant, msg.sub_id, msg.filters)
         elif isinstance(msg, wire.CloseMsg):
             self.fanouts[tenant.key].unsubscribe(session, msg.sub_id)
         elif isinstance(msg, wire.AuthMsg):
             session.send(self.authenticate(session, tenant, msg.event))
         elif isinstance(msg, wire.CountMsg):
-            session.send(await self.count(session, tenant, msg.sub_id, msg.filters))
+            return self.count_reply(session, tenant, msg.sub_id, msg.filters)
+        return None
 
     def rate_limited(self, session: Session, msg: wire.Message) -> bytes | None:
         """The reply refusing a message over the connection's or address's rate, if any."""
@@ -117,39 +125,86 @@ class Relay:
 
     # -- EVENT ------------------------------------------------------------------
 
-    async def ingest(self, session: Session, tenant: Tenant, event: Event) -> bytes:
-        """An EVENT from a connection: the OK frame that answers it."""
-        accepted, message = await self.admit(tenant, event, session)
-        metrics.event_result(tenant.key, event.kind, accepted, message)
-        return wire.ok(event.id, accepted, message)
+    def ingest(
+        self, session: Session, tenant: Tenant, event: Event
+    ) -> Coroutine[Any, Any, None] | None:
+        """An EVENT from a connection: validate, authorize, store, then OK and fan out.
+
+        A stored event's OK is sent by a callback when its batch commits (no task per
+        event); only an ephemeral one returns a coroutine (the bus hand-off).
+        """
+        why = self.check(tenant, event, session)
+        if why:
+            self.answer(session, tenant, event, False, why)
+            return None
+        raw = wire.encode_event(event)
+        if validate.is_ephemeral(event.kind):
+            self.answer(session, tenant, event, True, "")
+            return self.publish_ephemeral(tenant, event, raw)
+        session.event_started()
+        self.store.submit(event, raw, tenant.key).add_done_callback(
+            lambda done: self._committed(session, tenant, event, raw, done)
+        )
+        return None
+
+    def _committed(
+        self,
+        session: Session,
+        tenant: Tenant,
+        event: Event,
+        raw: bytes,
+        done: asyncio.Future[SaveResult],
+    ) -> None:
+        session.event_done()
+        accepted, message = self.outcome(tenant, event, raw, done.result())
+        self.answer(session, tenant, event, accepted, message)
+
+    @staticmethod
+    def answer(session: Session, tenant: Tenant, event: Event, ok: bool, message: str) -> None:
+        metrics.event_result(tenant.key, event.kind, ok, message)
+        session.send(wire.ok(event.id, ok, message))
 
     async def admit(
         self, tenant: Tenant, event: Event, session: Session | None = None
     ) -> tuple[bool, str]:
         """Validate, authorize, store, then fan out: (accepted, OK message).
 
-        `session` None is the operator's own path (`engram import`): same validation and
-        store rules, no per-connection write policy.
+        The same steps as `ingest`, awaited: `engram import` uses it with `session` None
+        (the operator's own path: same validation and store rules, no per-connection
+        write policy).
         """
-        now = int(self.clock())
-        why = validate.check_event(event, tenant.limits, now)
-        if not why and session is not None:
-            why = policy.check_write(event, session.authed, session.admitted, tenant)
+        why = self.check(tenant, event, session)
         if why:
             return False, why
         raw = wire.encode_event(event)
         if validate.is_ephemeral(event.kind):
-            self.publish_live(tenant.key, event, raw)
-            if self.bus is not None:
-                await self.bus.publish_ephemeral(tenant.key, raw)
+            await self.publish_ephemeral(tenant, event, raw)
             return True, ""
-        result = await self.store.save(event, raw, tenant.key)
+        return self.outcome(tenant, event, raw, await self.store.save(event, raw, tenant.key))
+
+    def check(self, tenant: Tenant, event: Event, session: Session | None) -> str | None:
+        """Validation (cheapest first), then the write policy: None, or the refusal."""
+        why = validate.check_event(event, tenant.limits, int(self.clock()))
+        if not why and session is not None:
+            why = policy.check_write(event, session.authed, session.admitted, tenant)
+        return why
+
+    def outcome(
+        self, tenant: Tenant, event: Event, raw: bytes, result: SaveResult
+    ) -> tuple[bool, str]:
+        """What the store said, as (accepted, OK message); a new head is fanned out."""
         if result.status is SaveStatus.STORED:
             self.publish_live(tenant.key, event, raw)
             return True, ""
         if result.status in (SaveStatus.ERROR, SaveStatus.BLOCKED):
             return False, result.message or Reason.ERROR("could not store")
         return True, _SAVE_REPLY[result.status]
+
+    async def publish_ephemeral(self, tenant: Tenant, event: Event, raw: bytes) -> None:
+        """Ephemeral events are never stored: this node's subscribers, then the bus."""
+        self.publish_live(tenant.key, event, raw)
+        if self.bus is not None:
+            await self.bus.publish_ephemeral(tenant.key, raw)
 
     # -- REQ --------------------------------------------------------------------
 
@@ -184,6 +239,11 @@ class Relay:
             if why:
                 return wire.closed(sub_id, why)
         return filters
+
+    async def count_reply(
+        self, session: Session, tenant: Tenant, sub_id: str, raws: list[msgspec.Raw]
+    ) -> None:
+        session.send(await self.count(session, tenant, sub_id, raws))
 
     async def count(
         self, session: Session, tenant: Tenant, sub_id: str, raws: list[msgspec.Raw]

@@ -23,7 +23,9 @@ class Session:
         "challenge",
         "closed",
         "host",
+        "in_flight",
         "ip",
+        "on_event_done",
         "tenant",
     )
 
@@ -46,8 +48,18 @@ class Session:
         # NIP-OA: the clauses of the member owner's attestation that admitted `authed`
         self.admitted: tuple[Clause, ...] | None = None
         self.closed = False
+        self.in_flight = 0  # EVENTs waiting for their commit
+        self.on_event_done: Callable[[], None] | None = None  # the transport's wake-up
         self._send = send
         self._send_wait = send_wait
+
+    def event_started(self) -> None:
+        self.in_flight += 1
+
+    def event_done(self) -> None:
+        self.in_flight -= 1
+        if self.on_event_done is not None:
+            self.on_event_done()
 
     def send(self, frame: bytes) -> None:
         """Non-blocking: replies and live events; a full queue disconnects the reader."""

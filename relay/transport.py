@@ -13,6 +13,7 @@ import collections
 import contextlib
 import logging
 import secrets
+from collections.abc import Coroutine
 from typing import Any
 
 from starlette.responses import PlainTextResponse
@@ -146,9 +147,9 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
     tasks: set[asyncio.Task[None]] = set()
     slots = asyncio.Semaphore(relay.settings.in_flight_max)
 
-    async def run(frame: bytes | str) -> None:
+    async def run(work: Coroutine[Any, Any, None]) -> None:
         try:
-            await relay.handle(session, frame)
+            await work
         except Exception:  # one frame's bug must not take the connection down
             log.exception("unhandled error in frame handler")
             session.send(wire.notice(Reason.ERROR("internal error")))
@@ -156,6 +157,11 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
             slots.release()
 
     async def read() -> None:
+        """Frames in order; REQ/COUNT run as tasks, EVENTs complete by callback. Both are
+        bounded by `in_flight_max`, beyond which the socket is simply not read."""
+        limit = relay.settings.in_flight_max
+        room = asyncio.Event()
+        session.on_event_done = room.set
         while True:
             message = await ws.receive()
             if message["type"] == "websocket.disconnect":
@@ -163,10 +169,20 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
             frame = message.get("text")
             if frame is None:
                 frame = message.get("bytes") or b""
-            await slots.acquire()
-            task = asyncio.create_task(run(frame))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            while session.in_flight >= limit:  # EVENTs waiting for their commit
+                room.clear()
+                await room.wait()
+            try:
+                work = relay.handle(session, frame)
+            except Exception:
+                log.exception("unhandled error in frame handler")
+                session.send(wire.notice(Reason.ERROR("internal error")))
+                continue
+            if work is not None:
+                await slots.acquire()
+                task = asyncio.create_task(run(work))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
 
     session.send(wire.auth_challenge(session.challenge))
     reader = asyncio.create_task(read())

@@ -6,6 +6,7 @@ so a stored event is serialized exactly once, at ingest.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from typing import Protocol
 
@@ -38,6 +39,12 @@ class SaveResult(msgspec.Struct, frozen=True):
 class EventStore(Protocol):
     async def save(self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT) -> SaveResult:
         """Store durably; returns only after the transaction holding the event committed."""
+        ...
+
+    def submit(
+        self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT
+    ) -> asyncio.Future[SaveResult]:
+        """`save` as a future (resolved after the commit), for callback-driven callers."""
         ...
 
     async def query(

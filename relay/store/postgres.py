@@ -148,17 +148,26 @@ class PostgresStore:
 
     async def save(self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT) -> SaveResult:
         """Store durably; returns only after the transaction holding the event committed."""
+        return await self.submit(event, raw, tenant)
+
+    def submit(
+        self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT
+    ) -> asyncio.Future[SaveResult]:
+        """`save` without a coroutine: the future resolves after the commit. The relay's
+        EVENT path uses it with a callback, so an event costs no asyncio task."""
+        future: asyncio.Future[SaveResult] = asyncio.get_running_loop().create_future()
         if self._closing:
-            return CLOSED
+            future.set_result(CLOSED)
+            return future
         try:
             row = encode_row(event, raw)
         except RowError as exc:
-            return SaveResult(SaveStatus.ERROR, str(exc))
-        future: asyncio.Future[SaveResult] = asyncio.get_running_loop().create_future()
+            future.set_result(SaveResult(SaveStatus.ERROR, str(exc)))
+            return future
         deletes = q.deletion_targets(event) if event.kind == q.KIND_DELETION else None
         self._pending.append(_Pending(tenant, row, future, deletes))
         self._wakeup.set()
-        return await future
+        return future
 
     async def _run_writer(self) -> None:
         while True:
