@@ -104,6 +104,17 @@ def serve(
         Server(uvicorn.Config(create_app(settings, url), **options)).run()
 
 
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def bench(ctx: typer.Context) -> None:
+    """The benchmark suite: `engram bench micro|load|compare|crossnode|soak …`."""
+    from bench.__main__ import main as bench_main
+
+    raise typer.Exit(bench_main(list(ctx.args)))
+
+
 @app.command()
 def migrate(database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
     """Apply pending migrations (the relay also does this at start-up)."""

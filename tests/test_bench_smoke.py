@@ -85,3 +85,16 @@ def test_compare_report_and_results_file(tmp_path: Path) -> None:
     written = path.read_text()
     assert "old" not in written and "after" in written and "# notes" in written
     assert "ours / nostr-sdk" in written
+
+
+def test_engram_bench_mounts_the_suite() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "cli.main", "bench", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and "compare" in out.stdout and "soak" in out.stdout

@@ -276,3 +276,18 @@ async def test_values_per_filter_cap(start_relay):
         assert end == ["CLOSED", "v", "invalid: too many #t values (max 3)"]
         _, end = await c.req("v", {"ids": four[:3]})
         assert end[0] == "EOSE"  # at the cap is fine, and the connection kept working
+
+
+async def test_auth_required_is_enforced(start_relay):
+    rp = start_relay(env={"ENGRAM_LIMITS_AUTH_REQUIRED": "true"})
+    sk = key(14)
+    async with await Client.connect(rp.url) as c:
+        ok = await c.publish(ev(sk, content="before auth"))
+        assert ok[2] is False and ok[3].startswith("auth-required:")
+        _, end = await c.req("r", {"kinds": [1]})
+        assert end[0] == "CLOSED" and end[2].startswith("auth-required:")
+        await c.send(["COUNT", "n", {"kinds": [1]}])
+        assert (await c.expect("CLOSED"))[2].startswith("auth-required:")
+        assert (await c.auth(sk, rp.url, int(time.time())))[2] is True
+        assert (await c.publish(ev(sk, content="after auth")))[2] is True
+        assert len(await c.query({"authors": [pubkey_of(sk)]})) == 1
