@@ -95,6 +95,7 @@ class Profile:
     fanout_rate: float = 50.0
     fanout_seconds: float = 5.0
     events_per_conn: int = 0  # reconnect after this many EVENTs on one connection (0: never)
+    engram_slugs: int = 50  # addresses per agent: 16 agents x 50 = the hot set of 800
     seed: int = 1
     phase_timeout: float = 300.0
     phases: tuple[str, ...] = PHASES
@@ -697,14 +698,15 @@ async def run_load(
     """Run the profile's phases in order against `url`; events come from the cache."""
     say = progress or (lambda _msg: None)
     watch = Watch(pid, pg_pid)
-    keys = Keyring(profile.seed)
+    keys = Keyring(profile.seed, slugs=profile.engram_slugs)
     names = profile.phase_names()
     t = now()
     sets: dict[str, EventSet] = {}
     if "kind1" in names:
         sets["kind1"] = load_events("kind1", profile.events, keys)
     if "engram" in names:
-        sets["engram"] = load_events("engram", profile.engrams, keys)
+        variant = "" if keys.slugs == Profile.engram_slugs else f"slugs{keys.slugs}"
+        sets["engram"] = load_events("engram", profile.engrams, keys, variant=variant)
     for n in names:
         if n.startswith("fanout"):  # each fan-out phase publishes events of its own
             load_events("fanout", fanout_count(profile), keys, variant=n[6:])
@@ -820,6 +822,12 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
         help="open a new connection after this many EVENTs on one (0: never)",
     )
     p.add_argument("--seed", type=int, default=d.seed, help="events and keys derive from it")
+    p.add_argument(
+        "--engram-slugs",
+        type=int,
+        default=d.engram_slugs,
+        help="slugs per agent (16 agents): more makes a larger store of distinct engrams",
+    )
     p.add_argument("--phase-timeout", type=float, default=d.phase_timeout)
     p.add_argument(
         "--phases",
@@ -846,6 +854,7 @@ def profile_from_args(args: argparse.Namespace) -> Profile:
         fanout_rate=args.fanout_rate,
         fanout_seconds=args.fanout_seconds,
         events_per_conn=args.events_per_conn,
+        engram_slugs=args.engram_slugs,
         seed=args.seed,
         phase_timeout=args.phase_timeout,
         phases=phases,

@@ -33,6 +33,7 @@ _CONNECT_TIMEOUT = 10.0  # seconds to open a connection; a dead host must not ha
 _COMMAND_TIMEOUT = 60.0  # seconds per statement
 _ACQUIRE_TIMEOUT = 30.0  # seconds to wait for a pooled connection
 _BATCH_BYTES_MAX = 16 * 1024 * 1024  # raw bytes per batch, on top of write_batch_max
+_ANALYZE_EVERY = 50_000  # rows written between two ANALYZE events (see _note_written)
 
 STORED = SaveResult(SaveStatus.STORED)
 DUPLICATE = SaveResult(SaveStatus.DUPLICATE, "duplicate: already have this event")
@@ -101,6 +102,9 @@ class PostgresStore:
         self._batch_max = max(1, settings.write_batch_max)
         self._query_timeout = settings.query_timeout_seconds
         self.node_id = uuid.uuid4().hex  # `origin` of the rows this process stores
+        self._written_since_analyze = 0
+        self._analyzing = False
+        self._analyze_task: asyncio.Task[None] | None = None
         self._pending: collections.deque[_Pending] = collections.deque()
         self._wakeup = asyncio.Event()
         self._closing = False
@@ -139,6 +143,8 @@ class PostgresStore:
         self._wakeup.set()
         if self._writers:
             await asyncio.gather(*self._writers)
+        if self._analyze_task is not None:
+            self._analyze_task.cancel()
         try:
             await asyncio.wait_for(self._pool.close(), timeout=10)
         except TimeoutError:
@@ -199,6 +205,28 @@ class PostgresStore:
             for p, result in zip(batch, results, strict=True):
                 if not p.future.done():
                     p.future.set_result(result)
+            self._note_written(len(batch))
+
+    def _note_written(self, rows: int) -> None:
+        """Refresh planner statistics after a burst of writes, sooner than autovacuum
+        would: right after a bulk load the planner took a scan of every engram of an
+        author for the index probe of an engram head fetch (bench: 7.6 ms of PostgreSQL
+        CPU per fetch on a fresh 120,000-engram store, 0.1 ms once analyzed)."""
+        self._written_since_analyze += rows
+        if self._written_since_analyze < _ANALYZE_EVERY or self._analyzing:
+            return
+        self._written_since_analyze = 0
+        self._analyzing = True
+
+        async def analyze() -> None:
+            try:
+                await self._pool.execute("ANALYZE events")
+            except Exception as exc:  # statistics are an optimisation, never an error
+                log.warning("ANALYZE failed: %s", _reason(exc))
+            finally:
+                self._analyzing = False
+
+        self._analyze_task = asyncio.create_task(analyze())
 
     async def _write(self, batch: list[_Pending]) -> list[SaveResult]:
         """One transaction for the batch; on failure, each event on its own.
