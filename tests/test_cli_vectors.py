@@ -8,21 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
+from ae_vectors import AE, ae_events
 from cli_support import clean_env, engram
 from nostr_client import Client
 
-from engram.nip01 import Event
-
-VECTORS = json.loads((Path(__file__).parent / "vectors" / "nip-ae.vectors.json").read_text())
-FIELDS = ("id", "pubkey", "created_at", "kind", "tags", "content", "sig")
+VECTORS = AE
 
 
 async def publish_vector_events(url: str) -> None:
     async with await Client.connect(url) as c:
-        for v in VECTORS["events"]:
-            ok = await c.publish(Event(**{f: v[f] for f in FIELDS}))
+        for v in ae_events():
+            ok = await c.publish(v)
             assert ok[2] is True, ok
 
 

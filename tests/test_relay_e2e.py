@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import time
 import urllib.request
 
 import msgspec
 import pytest
+from ae_vectors import SECKEY_A, SECKEY_O, ae_events
 from nostr_client import Client, raw_ws, raw_ws_send
 from relay_fixtures import create_database_sync, launch_relay
 
-from engram.nip01 import Event, pubkey_of, sign_event
+from engram.nip01 import pubkey_of, sign_event
 
 AUX = bytes(32)
-VECTORS = os.path.join(os.path.dirname(__file__), "vectors", "nip-ae.vectors.json")
 
 
 def key(n: int) -> bytes:
@@ -335,24 +334,6 @@ def rss_kb(pid: int) -> int:
         return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS"))
 
 
-def vector_events() -> tuple[list[Event], bytes, bytes]:
-    with open(VECTORS) as fh:
-        v = json.load(fh)
-    events = [
-        Event(
-            id=e["id"],
-            pubkey=e["pubkey"],
-            created_at=e["created_at"],
-            kind=e["kind"],
-            tags=e["tags"],
-            content=e["content"],
-            sig=e["sig"],
-        )
-        for e in v["events"]
-    ]
-    return events, bytes.fromhex(v["inputs"]["seckey_a"]), bytes.fromhex(v["inputs"]["seckey_o"])
-
-
 async def test_auth_rules(shared_relay):
     sk = key(50)
     async with await Client.connect(shared_relay.url) as c:
@@ -385,7 +366,7 @@ async def test_auth_rules(shared_relay):
 
 
 async def test_engram_vectors_and_read_gate(shared_relay):
-    events, sk_a, sk_o = vector_events()
+    events, sk_a, sk_o = ae_events(), SECKEY_A, SECKEY_O
     agent, owner = pubkey_of(sk_a), pubkey_of(sk_o)
     url = shared_relay.url
     now = int(time.time())

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from ae_vectors import ae_events
 from coincurve import PrivateKey
 
 from engram import (
@@ -195,19 +196,7 @@ def test_ae_event(case: dict[str, Any]) -> None:
     assert validate_and_decrypt(event, PUBKEY_A, PUBKEY_O, K_C) == body
 
 
-def vector_events() -> list[Event]:
-    return [
-        Event(
-            id=c["id"],
-            pubkey=c["pubkey"],
-            created_at=c["created_at"],
-            kind=c["kind"],
-            tags=c["tags"],
-            content=c["content"],
-            sig=c["sig"],
-        )
-        for c in AE["events"]
-    ]
+vector_events = ae_events
 
 
 @pytest.mark.parametrize("order", [1, -1], ids=["in-order", "reversed"])
