@@ -25,8 +25,8 @@ import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
 from engram.nip01 import Event, sign_event
+from relay.config import KIND_AUTH
 
-KIND_AUTH = 22242
 # An engram body is at most 65,535 bytes; its base64 NIP-44 payload plus the event fits in 1 MiB.
 MAX_FRAME = 1 << 20
 

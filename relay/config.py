@@ -14,10 +14,10 @@ from typing import Any
 
 import msgspec
 
+from engram import KIND_ENGRAM as KIND_ENGRAM  # re-exported: relay code imports it here
 from relay.ratelimit import RateLimits
 
-KIND_ENGRAM = 30174
-KIND_AUTH = 22242
+KIND_AUTH = 22242  # NIP-42
 ENV_PREFIX = "ENGRAM_"
 
 
