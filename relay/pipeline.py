@@ -29,11 +29,6 @@ from relay.wire import Reason
 
 log = logging.getLogger("engram.relay")
 
-_SAVE_REPLY = {
-    SaveStatus.DUPLICATE: "duplicate: already have this event",
-    SaveStatus.STALE: "duplicate: a newer version of this replaceable event is stored",
-}
-
 
 class Relay:
     """One relay process: settings, tenants, a store and a live fan-out per tenant."""
@@ -198,7 +193,7 @@ class Relay:
             return True, ""
         if result.status in (SaveStatus.ERROR, SaveStatus.BLOCKED):
             return False, result.message or Reason.ERROR("could not store")
-        return True, _SAVE_REPLY[result.status]
+        return True, result.message  # DUPLICATE or STALE: "duplicate: …", from the store
 
     async def publish_ephemeral(self, tenant: Tenant, event: Event, raw: bytes) -> None:
         """Ephemeral events are never stored: this node's subscribers, then the bus."""

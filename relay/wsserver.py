@@ -22,6 +22,10 @@ from websockets.protocol import State
 from relay.transport import DIRECT
 
 _OPEN = State.OPEN
+# Bytes a connection may hold outside the relay's own byte-bounded queue (corked frames
+# plus the transport's buffer); past it frames wait in that queue, whose bound decides
+# when a reader is too slow.
+DIRECT_MAX = 256 * 1024
 
 
 def text_frame_header(size: int) -> bytes:
@@ -57,6 +61,7 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._out: list[bytes] = []
+        self._out_bytes = 0
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
@@ -70,6 +75,7 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
             and not self.close_sent
             and self.conn.state is _OPEN
             and not self.transport.is_closing()
+            and self._out_bytes + self.transport.get_write_buffer_size() < DIRECT_MAX
         )
 
     def send_text_now(self, payload: bytes) -> None:
@@ -80,9 +86,11 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
             _corker.add(self)
         out.append(text_frame_header(len(payload)))
         out.append(payload)
+        self._out_bytes += len(payload)
 
     def flush(self) -> None:
         out, self._out = self._out, []
+        self._out_bytes = 0
         pending = self.conn.data_to_send()  # pings/pongs the library queued meanwhile
         if pending:
             out = [*pending, *out]

@@ -37,7 +37,9 @@ _ANALYZE_EVERY = 50_000  # rows written between two ANALYZE events (see _note_wr
 
 STORED = SaveResult(SaveStatus.STORED)
 DUPLICATE = SaveResult(SaveStatus.DUPLICATE, "duplicate: already have this event")
-STALE = SaveResult(SaveStatus.STALE, "duplicate: have a newer version of this event")
+STALE = SaveResult(
+    SaveStatus.STALE, "duplicate: a newer version of this replaceable event is stored"
+)
 CLOSED = SaveResult(SaveStatus.ERROR, "error: the store is closed")
 
 
