@@ -12,46 +12,18 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import msgspec
 import websockets
 
+from bench.peers import Running, start_engram
 from engram.nip01 import pubkey_of, sign_event
 
 AUX = bytes(32)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_relay(db_url: str, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    port = _free_port()
-    log = open(workdir / f"relay-{port}.log", "wb")  # noqa: SIM115 - lives with the process
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--database-url", db_url],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "ENGRAM_LOG_LEVEL": "warning"},
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                return proc, port
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("relay did not start")
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -59,14 +31,14 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _measure(pub_port: int, sub_ports: dict[str, int], rate: int, seconds: float) -> None:
+async def _measure(pub_url: str, sub_urls: dict[str, str], rate: int, seconds: float) -> None:
     sk = os.urandom(32)
     flt = {"authors": [pubkey_of(sk)]}
     sent: dict[str, float] = {}
-    latencies: dict[str, list[float]] = {name: [] for name in sub_ports}
+    latencies: dict[str, list[float]] = {name: [] for name in sub_urls}
     subs = {}
-    for name, port in sub_ports.items():
-        ws = await websockets.connect(f"ws://127.0.0.1:{port}", max_size=None)
+    for name, url in sub_urls.items():
+        ws = await websockets.connect(url, max_size=None)
         await ws.recv()  # AUTH challenge
         await ws.send(msgspec.json.encode(["REQ", "s", flt]).decode())
         while msgspec.json.decode(await ws.recv())[0] != "EOSE":
@@ -84,7 +56,7 @@ async def _measure(pub_port: int, sub_ports: dict[str, int], rate: int, seconds:
     n = int(rate * seconds)
     events = [sign_event(sk, int(time.time()), 1, [], f"lat {i}", AUX) for i in range(n)]
     frames = [msgspec.json.encode(["EVENT", e]).decode() for e in events]
-    pub = await websockets.connect(f"ws://127.0.0.1:{pub_port}", max_size=None)
+    pub = await websockets.connect(pub_url, max_size=None)
     await pub.recv()
     drain = asyncio.create_task(_drain(pub))
     start = time.perf_counter()
@@ -125,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="engram-crossnode-"))
     server = None
-    procs: list[subprocess.Popen[bytes]] = []
+    nodes: list[Running] = []
     try:
         if args.database_url:
             db_url = args.database_url
@@ -133,23 +105,18 @@ def main(argv: list[str] | None = None) -> int:
             server = start_server(workdir / "pgdata", cleanup_mode="delete")
             asyncio.run(ensure_database(server.get_uri(), "crossnode"))
             db_url = with_database(server.get_uri(), "crossnode")
-        (a, port_a), (b, port_b) = _start_relay(db_url, workdir), _start_relay(db_url, workdir)
-        procs += [a, b]
+        quiet = {"ENGRAM_LOG_LEVEL": "warning"}
+        for name in ("a", "b"):
+            nodes.append(start_engram(workdir / name, ["--database-url", db_url], quiet))
+        a, b = nodes
         print("publish on node B; latency publish -> delivery (loopback, 2 relay processes)")
         for rate in (int(r) for r in args.rates.split(",")):
-            asyncio.run(
-                _measure(
-                    port_b,
-                    {"node A (other process)": port_a, "node B (same process)": port_b},
-                    rate,
-                    args.seconds,
-                )
-            )
+            subs = {"node A (other process)": a.url, "node B (same process)": b.url}
+            asyncio.run(_measure(b.url, subs, rate, args.seconds))
         return 0
     finally:
-        for p in procs:
-            p.terminate()
-            p.wait(10)
+        for node in nodes:
+            node.stop()
         if server is not None:
             server.cleanup()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -275,15 +275,25 @@ def _prepare_ours(log: Callable[[str], None]) -> str:
     return package_version(sys.executable, "engram-relay")
 
 
+def start_engram(workdir: Path, args: list[str], env: dict[str, str] | None = None) -> Running:
+    """`engram serve` of this checkout on a free port, ready (its /healthz answers)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), *args]
+    run = Running("engram-relay", f"ws://127.0.0.1:{port}", _spawn(cmd, workdir, env), workdir)
+    return wait_ready(run, port, _healthz_ok)
+
+
 def _start_ours(workdir: Path, pg: Postgres | None) -> Running:
     assert pg is not None
     url, drop = pg.create_database()
-    port = free_port()
-    cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--database-url", url]
-    run = Running("engram-relay", f"ws://127.0.0.1:{port}", _spawn(cmd, workdir), workdir)
+    try:
+        run = start_engram(workdir, ["--database-url", url])
+    except BaseException:
+        drop()
+        raise
     run.pg_pid = pg.pid
     run.cleanup.append(drop)
-    return wait_ready(run, port, _healthz_ok)
+    return run
 
 
 NOSTR_RELAY_PACKAGES = ["nostr-relay", "asyncpg"]

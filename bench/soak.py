@@ -11,32 +11,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from bench import load
-
-_SERVE = (sys.executable, "-m", "cli.main", "serve")
+from bench.peers import start_engram
 
 
 def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as fh:
-        kb = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS"))
-    return kb / 1024
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return (load.Watch.tree_rss(pid) or 0) / 2**20
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,24 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=10_000, help="kind-1 events per round")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="engram-soak-"))
-    port = _free_port()
-    log = open(workdir / "relay.log", "wb")  # noqa: SIM115 - lives with the process
-    relay = subprocess.Popen(
-        [*_SERVE, "--port", str(port), "--data-dir", str(workdir / "data")],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "ENGRAM_LOG_LEVEL": "warning"},
+    relay = start_engram(
+        workdir, ["--data-dir", str(workdir / "data")], {"ENGRAM_LOG_LEVEL": "warning"}
     )
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or relay.poll() is not None:
-                    raise RuntimeError("relay did not start") from None
-                time.sleep(0.2)
         start = time.monotonic()
         print(f"relay pid {relay.pid}; RSS {_rss_mb(relay.pid):.1f} MB at start")
         print("round  minutes  ops  RSS MB")
@@ -73,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.redirect_stdout(out):
                 load.main(
                     [
-                        *("--url", f"ws://127.0.0.1:{port}", "--seed", str(1000 + round_)),
+                        *("--url", relay.url, "--seed", str(1000 + round_)),
                         *("--events", str(args.events), "--engrams", str(args.events // 2)),
                         *("--reqs", "2000", "--heads", "2000", "--subscribers", "100"),
                         *("--fanout-seconds", "3"),
@@ -84,8 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{round_:>5}  {minutes:7.1f}  {ops:>3}  {_rss_mb(relay.pid):6.1f}", flush=True)
         return 0
     finally:
-        relay.terminate()
-        relay.wait(30)
+        relay.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
