@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
 import platform
 import random
 import shutil
@@ -30,6 +28,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from bench.compare import machine
 from engram.nip01 import Event, sign_event
 from relay.config import Settings
 from relay.store import SaveStatus
@@ -38,19 +37,22 @@ from relay.store.embedded import quote_ident, start_server, with_database
 from relay.store.postgres import PostgresStore, _columns, _Pending
 from relay.store.sql import encode_row
 
+_COPY_COLUMNS = (
+    "tenant, id, pubkey, created_at, kind, d, owner, tagvals, content, sig, raw, expires_at"
+)
 _TEMP = (
     "CREATE TEMP TABLE IF NOT EXISTS events_in (tenant text, id bytea, pubkey bytea,"
     " created_at int8, kind int4, d text, owner bytea, tagvals text, content text,"
-    " sig bytea, raw bytea) ON COMMIT DELETE ROWS; TRUNCATE events_in"
+    " sig bytea, raw bytea, expires_at int8, ord bigserial); TRUNCATE events_in"
 )
+# Stands in for the store's unnest() source, with the same columns (origin, ord) it has.
 _FROM_TEMP = (
     "SELECT t.tenant, t.id, t.pubkey, t.created_at, t.kind, t.d, t.owner, t.tagvals::text[],"
-    " t.content, t.sig, t.raw FROM events_in t"
+    " t.content, t.sig, t.raw, t.expires_at, $1::text FROM events_in t"
 )
 _SINGLE = (
-    "INSERT INTO events (tenant, id, pubkey, created_at, kind, d, owner, tagvals, content,"
-    " sig, raw) VALUES ($1, $2, $3, $4, $5, $6, $7, $8::text::text[], $9, $10, $11)"
-    " ON CONFLICT (tenant, id) DO NOTHING"
+    f"INSERT INTO events ({_COPY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7,"
+    " $8::text::text[], $9, $10, $11, $12) ON CONFLICT (tenant, id) DO NOTHING"
 )
 
 
@@ -60,9 +62,11 @@ class CopyStore(PostgresStore):
     async def _insert(self, conn: Any, sql: str, rows: list[_Pending]) -> set[tuple[str, bytes]]:
         await conn.execute(_TEMP)
         records = list(zip(*_columns(rows), strict=True))
-        await conn.copy_records_to_table("events_in", records=records)
+        await conn.copy_records_to_table(
+            "events_in", records=records, columns=_COPY_COLUMNS.split(", ")
+        )
         stmt = sql.replace(q._UNNEST, _FROM_TEMP)
-        return set(map(tuple, await conn.fetch(stmt)))
+        return set(map(tuple, await conn.fetch(stmt, self.node_id)))
 
 
 def make_events(n: int, addressable: int = 0) -> list[tuple[Event, bytes]]:
@@ -136,15 +140,8 @@ async def describe(server: str) -> str:
     sync = await conn.fetchval("SHOW synchronous_commit")
     fsync = await conn.fetchval("SHOW fsync")
     await conn.close()
-    cpu = "?"
-    with contextlib.suppress(OSError, StopIteration):
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
     return (
-        f"{platform.platform()}; {os.cpu_count()} CPUs ({cpu}); Python {platform.python_version()};"
+        f"{machine()}; Python {platform.python_version()};"
         f" asyncpg {version('asyncpg')}; PostgreSQL {pg} (fsync={fsync},"
         f" synchronous_commit={sync})"
     )

@@ -98,3 +98,21 @@ def test_engram_bench_mounts_the_suite() -> None:
         timeout=60,
     )
     assert out.returncode == 0 and "compare" in out.stdout and "soak" in out.stdout
+
+
+def test_store_insert_bench_runs(pg_server_url: str) -> None:
+    """Both insert variants of `bench.store_insert` still match the schema."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "bench.store_insert", "--events", "40"),
+            *("--baseline-events", "5", "--copy", "--database-url", pg_server_url),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "[copy], kind 1" in out.stdout and "'stored': 40" in out.stdout
