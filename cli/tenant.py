@@ -94,6 +94,17 @@ def _run(
         raise _fail(str(exc), 2) from exc
 
 
+def _existing(host: str, database_url: str | None, data_dir: str | None) -> TenantConfig:
+    """The tenant on HOST, or exit 1 saying there is none."""
+    from relay.store import tenants as db
+
+    key = _host(host)
+    cfg = _run(database_url, data_dir, lambda conn: db.get_tenant(conn, key))
+    if cfg is None:
+        raise _fail(f"no tenant {key}")
+    return cfg
+
+
 def _show(cfg: TenantConfig) -> None:
     typer.echo(json.dumps(msgspec.to_builtins(cfg), indent=2, sort_keys=True))
 
@@ -210,13 +221,8 @@ def ls(database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
 @tenant_app.command("show")
 def show(host: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
     """Everything stored about one tenant, as JSON."""
-    from relay.store import tenants as db
 
-    key = _host(host)
-    cfg = _run(database_url, data_dir, lambda conn: db.get_tenant(conn, key))
-    if cfg is None:
-        raise _fail(f"no tenant {key}")
-    _show(cfg)
+    _show(_existing(host, database_url, data_dir))
 
 
 @tenant_app.command("rm")
@@ -279,11 +285,6 @@ def member_rm(
 @member_app.command("ls")
 def member_ls(host: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
     """List the tenant's members (hex pubkeys)."""
-    from relay.store import tenants as db
 
-    key = _host(host)
-    cfg = _run(database_url, data_dir, lambda conn: db.get_tenant(conn, key))
-    if cfg is None:
-        raise _fail(f"no tenant {key}")
-    for pk in cfg.members:
+    for pk in _existing(host, database_url, data_dir).members:
         typer.echo(pk)

@@ -104,12 +104,7 @@ class Relay:
         if not why and isinstance(msg, wire.EventMsg):
             why = RateLimiter.check_event(allow, now)
         if not why and isinstance(msg, wire.ReqMsg | wire.CountMsg):
-            open_subs = sum(
-                self.fanouts[session.tenant.key].count_for(s)  # type: ignore[arg-type]
-                for s in allow.address.sessions
-            )
-            if not self.fanouts[session.tenant.key].has(session, msg.sub_id):
-                why = self.limiter.check_subscriptions(allow, open_subs)
+            why = self.address_subscriptions_full(session, allow, msg.sub_id)
         if not why:
             return None
         if isinstance(msg, wire.EventMsg):
@@ -117,6 +112,24 @@ class Relay:
         if isinstance(msg, wire.ReqMsg | wire.CountMsg):
             return wire.closed(msg.sub_id, why)
         return wire.notice(why)
+
+    def address_subscriptions_full(
+        self, session: Session, allow: ConnectionAllowance, sub_id: str
+    ) -> str | None:
+        """The per-address subscription cap, for a REQ that would open a new one.
+
+        Counting walks the address's connections, so it is skipped while they could not
+        reach the cap even with every connection at `max_subscriptions`.
+        """
+        fanout = self.fanouts[session.tenant.key]
+        cap = self.settings.rate.subscriptions_per_ip
+        sessions = allow.address.sessions
+        if not cap or fanout.has(session, sub_id):
+            return None
+        if len(sessions) * session.tenant.limits.max_subscriptions < cap:
+            return None
+        open_subs = sum(fanout.count_for(s) for s in sessions)  # type: ignore[arg-type]
+        return self.limiter.check_subscriptions(allow, open_subs)
 
     # -- EVENT ------------------------------------------------------------------
 

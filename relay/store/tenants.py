@@ -23,7 +23,10 @@ async def config_version(conn: asyncpg.Connection | asyncpg.Pool) -> int:
     return int(await conn.fetchval("SELECT version FROM tenant_config_version"))
 
 
-async def load_tenants(conn: asyncpg.Connection | asyncpg.Pool) -> list[TenantConfig]:
+async def load_tenants(
+    conn: asyncpg.Connection | asyncpg.Pool, host: str | None = None
+) -> list[TenantConfig]:
+    """Every tenant (or just the one on `host`), with its aliases and members."""
     rows = await conn.fetch(
         """
         SELECT t.*,
@@ -31,8 +34,9 @@ async def load_tenants(conn: asyncpg.Connection | asyncpg.Pool) -> list[TenantCo
                     WHERE a.host = t.host), '{}') AS aliases,
           COALESCE((SELECT array_agg(pubkey ORDER BY pubkey) FROM tenant_members m
                     WHERE m.host = t.host), '{}') AS members
-        FROM tenants t ORDER BY t.host
-        """
+        FROM tenants t WHERE $1::text IS NULL OR t.host = $1 ORDER BY t.host
+        """,
+        host,
     )
     return [
         TenantConfig(
@@ -47,10 +51,8 @@ async def load_tenants(conn: asyncpg.Connection | asyncpg.Pool) -> list[TenantCo
 
 
 async def get_tenant(conn: asyncpg.Connection, host: str) -> TenantConfig | None:
-    for cfg in await load_tenants(conn):
-        if cfg.host == host:
-            return cfg
-    return None
+    found = await load_tenants(conn, host)
+    return found[0] if found else None
 
 
 async def host_taken(conn: asyncpg.Connection, host: str) -> bool:
