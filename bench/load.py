@@ -169,14 +169,21 @@ class Watch:
         self.pg_pid = pg_pid
 
     @staticmethod
-    def tree_cpu(pid: int | None) -> float | None:
-        """user+system of the process and its live descendants, plus reaped children."""
+    def _tree(pid: int | None) -> list[psutil.Process] | None:
+        """The process and its live descendants (None if it is gone or not given)."""
         if pid is None:
             return None
         try:
             procs = [psutil.Process(pid)]
-            procs += procs[0].children(recursive=True)
+            return procs + procs[0].children(recursive=True)
         except psutil.Error:
+            return None
+
+    @staticmethod
+    def tree_cpu(pid: int | None) -> float | None:
+        """user+system of the process and its live descendants, plus reaped children."""
+        procs = Watch._tree(pid)
+        if procs is None:
             return None
         total = 0.0
         for p in procs:
@@ -187,12 +194,8 @@ class Watch:
 
     @staticmethod
     def tree_rss(pid: int | None) -> int | None:
-        if pid is None:
-            return None
-        try:
-            procs = [psutil.Process(pid)]
-            procs += procs[0].children(recursive=True)
-        except psutil.Error:
+        procs = Watch._tree(pid)
+        if procs is None:
             return None
         total = 0
         for p in procs:
