@@ -17,7 +17,6 @@ signed event to every relay; they succeed when at least one relay accepts it. Er
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import time
@@ -99,7 +98,6 @@ SKIP_REASONS = {
     4: "slug mismatch",
     5: "bad body",
 }
-SNIPPET = 80  # characters of context in a search result
 
 
 def sha256_hex(text: str) -> str:
@@ -322,12 +320,27 @@ class _Checker:
         return result
 
     def heads(self, events: Iterable[Event]) -> dict[str, Head]:
-        """slug -> head among `events` (spec: *Head selection*)."""
-        groups: dict[str, list[Head]] = {}
+        """slug -> head among `events` (spec: *Head selection*).
+
+        A valid event's slug re-derives to its `d` (rule 4), so grouping by `d` is grouping
+        by slug: each group is tried newest first (ties: lowest id) and the first valid
+        event is the head. Older versions are never decrypted, which keeps a relay that
+        returns every historical version as cheap as one that keeps only heads; every
+        event tried and found invalid is counted.
+        """
+        groups: dict[str, list[Event]] = {}
         for event in events:
-            if (h := self.head(event)) is not None:
-                groups.setdefault(h.body.slug, []).append(h)
-        return {slug: _pick(group) for slug, group in groups.items()}
+            ds = [t[1] for t in event.tags if len(t) >= 2 and t[0] == "d"]
+            groups.setdefault(ds[0] if len(ds) == 1 else "", []).append(event)
+        out: dict[str, Head] = {}
+        for d, group in groups.items():
+            group.sort(key=lambda e: (-e.created_at, e.id))
+            for event in group:
+                if (h := self.head(event)) is not None:
+                    out[h.body.slug] = h
+                    if d:
+                        break
+        return out
 
 
 def _pick(heads: list[Head]) -> Head:
@@ -877,11 +890,3 @@ class AgentMemory:
             return ImportReport(len(from_file), relays, report)
         finally:
             await session.close()
-
-
-def entries_json(entries: list[ListingEntry]) -> str:
-    return msgspec.json.encode(entries).decode()
-
-
-def report_json(report: SetReport) -> str:
-    return json.dumps(report.as_json())

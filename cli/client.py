@@ -242,7 +242,8 @@ class RelayClient:
             await self._send(["EVENT", event])
             pending.append(event.id)
             if len(pending) >= window:
-                results[pending[0]] = await self._wait_ok(pending.pop(0))
+                oldest = pending.pop(0)
+                results[oldest] = await self._wait_ok(oldest)
         for event_id in pending:
             results[event_id] = await self._wait_ok(event_id)
         return results
