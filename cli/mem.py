@@ -29,6 +29,7 @@ T = TypeVar("T")
 STDIN_CAP = 65_535  # the NIP-44 plaintext limit: no value can be longer than this
 PATCH_CAP = 1 << 20
 DEFAULT_TIMEOUT = 10.0
+LIST_TIMEOUT = 60.0  # ls, refs, search: a complete listing may take many pages per relay
 InputError = BadInputError
 
 
@@ -268,7 +269,7 @@ def ls(
     owner: Owner = None,
     key_file: KeyFile = None,
     agent: Agent = None,
-    timeout: Timeout = DEFAULT_TIMEOUT,
+    timeout: Timeout = LIST_TIMEOUT,
 ) -> None:
     """List live memories: slug, event id, created_at (core and tombstones omitted).
 
@@ -306,7 +307,7 @@ def refs(
     owner: Owner = None,
     key_file: KeyFile = None,
     agent: Agent = None,
-    timeout: Timeout = DEFAULT_TIMEOUT,
+    timeout: Timeout = LIST_TIMEOUT,
 ) -> None:
     """Reachability from core through its slug links: reachable, orphans, dangling.
 
@@ -350,7 +351,7 @@ def search(
     owner: Owner = None,
     key_file: KeyFile = None,
     agent: Agent = None,
-    timeout: Timeout = DEFAULT_TIMEOUT,
+    timeout: Timeout = LIST_TIMEOUT,
 ) -> None:
     """Search slugs and values after local decryption; the query never leaves this machine.
 
@@ -402,8 +403,11 @@ def sync(
     agent: Agent = None,
     timeout: Timeout = 60.0,
 ) -> None:
-    """Republish every head (memories, tombstones, core), exactly as signed, to each relay
-    of the set that lacks it. Idempotent; exit 2 if a relay could not be brought up to date."""
+    """Give each relay of the set every head it lacks, republished exactly as signed.
+
+    Heads are memories, tombstones and core. Idempotent; one summary line per relay; exit 2
+    if a relay could not be brought up to date.
+    """
     result = run(memory(relay, owner, key_file, agent, timeout).sync())
     rep = result.report
     for line in rep.warnings():
