@@ -122,9 +122,16 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-def report(rep: SetReport) -> None:
-    """Everything the user should know about the relays, on stderr."""
-    for line in rep.warnings():
+def report(rep: SetReport, as_json: bool = False, drop_sync_hint: bool = False) -> None:
+    """Everything the user should know about the relays, on stderr: warning lines, or with
+    `--json` one JSON object (`{"report": {"failed", "behind", "incomplete", "skipped", …}}`)
+    when there is anything to say."""
+    lines = [w for w in rep.warnings() if not (drop_sync_hint and "engram mem sync" in w)]
+    if as_json:
+        if lines:
+            typer.echo(json.dumps({"report": rep.as_json()}), err=True)
+        return
+    for line in lines:
         warn(line)
 
 
@@ -274,10 +281,10 @@ def ls(
     """List live memories: slug, event id, created_at (core and tombstones omitted).
 
     Complete: every relay is paged past its max_limit. `--json` prints the array of
-    entries; skipped events and lagging relays are reported on stderr either way.
+    entries, and skipped events and lagging relays as one JSON object on stderr.
     """
     listing = run(memory(relay, owner, key_file, agent, timeout).ls())
-    report(listing.report)
+    report(listing.report, json_out)
     if json_out:
         typer.echo(msgspec.json.encode(listing.entries).decode())
         return
@@ -315,7 +322,7 @@ def refs(
     deleted: orphans are shown so you can decide.
     """
     graph = run(memory(relay, owner, key_file, agent, timeout).refs())
-    report(graph.report)
+    report(graph.report, json_out)
     if not graph.has_core:
         warn("no core profile; every memory is an orphan")
     if json_out:
@@ -359,7 +366,7 @@ def search(
     """
     mem = memory(relay, owner, key_file, agent, timeout)
     matches = run(mem.search(query, regex=regex, limit=limit))
-    report(matches.report)
+    report(matches.report, json_out)
     if json_out:
         rows = [
             {
@@ -410,9 +417,7 @@ def sync(
     """
     result = run(memory(relay, owner, key_file, agent, timeout).sync())
     rep = result.report
-    for line in rep.warnings():
-        if "run `engram mem sync`" not in line:
-            warn(line)
+    report(rep, json_out, drop_sync_hint=True)
     _per_relay(result.relays, json_out, {"heads": result.heads, "skipped": _skipped(rep)})
     if not result.ok:
         raise typer.Exit(2)
@@ -433,8 +438,7 @@ def migrate(
     Exit 2, naming the slugs, if any head is missing on a new relay. Idempotent.
     """
     result = run(memory(relay, owner, key_file, agent, timeout).migrate(to))
-    for line in result.report.warnings():
-        warn(line)
+    report(result.report, json_out)
     extra = {"heads": result.heads, "missing": result.missing, "skipped": _skipped(result.report)}
     _per_relay(result.targets, json_out, extra)
     if not result.ok:
@@ -472,9 +476,7 @@ def import_(
 ) -> None:
     """Republish the events of an export, unchanged, to every relay of the set."""
     result = run(memory(relay, owner, key_file, agent, timeout).import_(file))
-    for line in result.report.warnings():
-        if "run `engram mem sync`" not in line:
-            warn(line)
+    report(result.report, json_out, drop_sync_hint=True)
     _per_relay(
         result.relays, json_out, {"events": result.events, "skipped": _skipped(result.report)}
     )

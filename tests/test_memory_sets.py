@@ -158,7 +158,8 @@ async def archive(database_url: str, events: list[Event]) -> None:
 async def test_write_survives_a_relay_stopping_mid_write_and_sync_repairs_it(
     start_relay: Callable[..., RelayProcess],
 ) -> None:
-    a, b, c = start_relay(), start_relay(), start_relay()
+    a, b = start_relay(), start_relay()
+    c = start_relay(env={"ENGRAM_LIMITS_MAX_LIMIT": "50", "ENGRAM_LIMITS_DEFAULT_LIMIT": "20"})
     keys = Keys.fresh()
     first = await api(keys, [a.url, b.url, c.url]).set("notes/x", "first")
     assert len(first.accepted) == 3
@@ -356,6 +357,10 @@ async def test_tampered_and_undecryptable_events_are_counted(
     result = await mem(keys, [relay.url], "ls")
     assert ok(result) == f"mem/good\t{good.id}\t{good.created_at}\n"
     assert "2 events skipped: 1 bad signature, 1 undecryptable" in result.stderr.decode()
+    as_json = await mem(keys, [relay.url], "ls", "--json")
+    assert [r["event_id"] for r in json.loads(ok(as_json))] == [good.id]
+    counts = json.loads(as_json.stderr)["report"]["skipped"]
+    assert counts == {"total": 2, "bad signature": 1, "undecryptable": 1}
     refs = json.loads(ok(await mem(keys, [relay.url], "refs", "--json")))
     assert refs["skipped"] == {"total": 2, "bad signature": 1, "undecryptable": 1}
     found = json.loads(ok(await mem(keys, [relay.url], "search", "fine", "--json")))
