@@ -40,6 +40,7 @@ from cli.identity import Identity
 from cli.paging import Fetched, fetch_all
 from cli.patch import PatchError, apply_patch
 from cli.relayset import RelaySession, parse_relays
+from cli.search import Match, search_heads
 from engram import (
     CORE_SLUG,
     FUTURE_SKEW_MAX,
@@ -207,17 +208,6 @@ class Refs:
     orphans: list[str]
     dangling: list[tuple[str, str]]
     report: SetReport
-
-
-@dataclass(frozen=True)
-class Match:
-    """One search hit: a one-line snippet around the match, best matches first."""
-
-    slug: str
-    snippet: str
-    created_at: int
-    event_id: str
-    score: int
 
 
 class Matches(list[Match]):
@@ -627,8 +617,6 @@ class AgentMemory:
     async def search(self, query: str, *, regex: bool = False, limit: int = 20) -> Matches:
         """Slugs and values matching `query` (case-insensitive), searched after local
         decryption; the query never leaves this process."""
-        from cli.search import search_heads
-
         try:
             pattern = re.compile(query if regex else re.escape(query), re.IGNORECASE)
         except re.error as exc:
