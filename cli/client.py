@@ -118,8 +118,8 @@ class RelayClient:
             except websockets.ConnectionClosed as exc:
                 raise RelayError(f"relay closed the connection: {_describe(exc)}") from exc
             try:
-                msg = json.loads(raw)
-            except ValueError:
+                msg = msgspec.json.decode(raw)
+            except msgspec.DecodeError:
                 continue  # not JSON: nothing a Nostr client can act on
             if not isinstance(msg, list) or not msg or not isinstance(msg[0], str):
                 continue
