@@ -20,7 +20,7 @@ import asyncpg
 import msgspec
 import websockets
 from ae_vectors import AE, SECKEY_A, SECKEY_O, ae_events
-from cli_support import Keys, clean_env, corrupt_core, engram_async, fake_relay, publish
+from cli_support import Keys, clean_env, corrupt_core, engram, engram_async, fake_relay, publish
 from relay_fixtures import RelayProcess
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection
@@ -72,9 +72,11 @@ async def put(url: str, events: list[Event], seckey: bytes) -> None:
     assert all(ok for ok, _ in results.values()), results
 
 
-async def mem(keys: Keys, relays: list[str], *args: str, stdin: bytes | None = None) -> Any:
+async def mem(keys: Keys, relays: list[str], *args: str) -> Any:
+    """`engram mem ARGS…` as a real process, generous limits: this machine is shared."""
     env = keys.agent_env(",".join(relays))
-    return await engram_async("mem", *args, "--timeout", "60", env=env, stdin=stdin)
+    cmd = ["mem", *args, "--timeout", "300"]
+    return await asyncio.to_thread(engram, *cmd, env=env, timeout=600)
 
 
 def ok(result: Any) -> str:
