@@ -4,6 +4,10 @@ Transport only: it moves events, it never decrypts them. Every failure becomes o
 two exceptions so the CLI can map it to an exit code: `RelayError` (network, TLS, a
 relay refusal: exit 2) or `AuthError` (NIP-42 refused, a read gated: exit 3). Timeouts
 are the caller's: it wraps the whole exchange in `asyncio.timeout`.
+
+Authentication is answered when the relay asks: a relay that sends a NIP-42 challenge
+(on connect, or with an `auth-required:` refusal) gets a signed AUTH and the request
+is sent again; a relay that never challenges (nostr-sdk's LocalRelay) is simply used.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import msgspec
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
+from cli.errors import AuthError, RelayError
 from engram.nip01 import Event, sign_event
 from relay.config import KIND_AUTH
 
@@ -31,12 +36,15 @@ from relay.config import KIND_AUTH
 MAX_FRAME = 1 << 20
 
 
-class RelayError(Exception):
-    """The relay could not be reached or refused the request (exit code 2)."""
-
-
-class AuthError(Exception):
-    """NIP-42 authentication failed or the relay gated the read (exit code 3)."""
+__all__ = [
+    "AuthError",
+    "RelayClient",
+    "RelayError",
+    "connect_relay",
+    "fetch_nip11",
+    "max_limit_of",
+    "open_relay",
+]
 
 
 def _describe(exc: BaseException) -> str:
@@ -86,13 +94,21 @@ def max_limit_of(nip11: dict[str, Any]) -> int | None:
 
 
 class RelayClient:
-    """One websocket connection; requests run one at a time, as the CLI needs."""
+    """One websocket connection; requests run one at a time, as the CLI needs.
 
-    def __init__(self, ws: ClientConnection, url: str) -> None:
+    With `seckey`, a NIP-42 challenge is answered before the request it came with is
+    used: frames arrive in order, so a challenge sent on connect is seen before the answer
+    to the first REQ, which is then asked again once authenticated.
+    """
+
+    def __init__(self, ws: ClientConnection, url: str, seckey: bytes | None = None) -> None:
         self._ws = ws
         self.url = url
+        self._seckey = seckey
         self._challenge: str | None = None
+        self._authenticated = False
         self._sub_counter = 0
+        self._oks: dict[str, tuple[bool, str]] = {}
 
     async def _recv(self) -> list[Any]:
         """Next frame as a JSON array; an AUTH challenge is remembered wherever it appears."""
@@ -117,8 +133,18 @@ class RelayClient:
         except websockets.ConnectionClosed as exc:
             raise RelayError(f"relay closed the connection: {_describe(exc)}") from exc
 
-    async def authenticate(self, seckey: bytes) -> None:
+    async def close(self) -> None:
+        await self._ws.close()
+
+    def _should_auth(self) -> bool:
+        return self._seckey is not None and self._challenge is not None and not self._authenticated
+
+    async def authenticate(self, seckey: bytes | None = None) -> None:
         """Answer the relay's NIP-42 challenge with a signed kind 22242 event."""
+        seckey = seckey if seckey is not None else self._seckey
+        if seckey is None:
+            raise AuthError("the relay asks for authentication and no key is held")
+        self._seckey = seckey
         while self._challenge is None:  # relays send it on connect (NIP-42)
             await self._recv()
         challenge = self._challenge
@@ -128,15 +154,16 @@ class RelayClient:
         accepted, message = await self._wait_ok(event.id)
         if not accepted:
             raise AuthError(f"relay refused AUTH: {message or 'no reason given'}")
+        self._authenticated = True
 
     async def _wait_ok(self, event_id: str) -> tuple[bool, str]:
-        while True:
+        while event_id not in self._oks:
             msg = await self._recv()
-            if msg[0] == "OK" and len(msg) >= 3 and msg[1] == event_id:
-                return bool(msg[2]), str(msg[3]) if len(msg) > 3 else ""
+            if msg[0] == "OK" and len(msg) >= 3 and isinstance(msg[1], str):
+                self._oks[msg[1]] = (bool(msg[2]), str(msg[3]) if len(msg) > 3 else "")
+        return self._oks.pop(event_id)
 
-    async def query(self, nostr_filter: dict[str, Any]) -> list[Event]:
-        """Stored events matching one filter, up to EOSE. Malformed events are dropped."""
+    async def _query_once(self, nostr_filter: dict[str, Any]) -> tuple[list[Event], str | None]:
         self._sub_counter += 1
         sub_id = f"engram-{self._sub_counter}"
         await self._send(["REQ", sub_id, nostr_filter])
@@ -144,6 +171,8 @@ class RelayClient:
         while True:
             msg = await self._recv()
             if len(msg) < 2 or msg[1] != sub_id:
+                if msg[0] == "OK" and len(msg) >= 3 and isinstance(msg[1], str):
+                    self._oks[msg[1]] = (bool(msg[2]), str(msg[3]) if len(msg) > 3 else "")
                 continue
             if msg[0] == "EVENT" and len(msg) >= 3:
                 try:
@@ -152,35 +181,90 @@ class RelayClient:
                     continue
             elif msg[0] == "EOSE":
                 await self._send(["CLOSE", sub_id])
-                return events
+                return events, None
             elif msg[0] == "CLOSED":
-                reason = str(msg[2]) if len(msg) > 2 else ""
-                if reason.startswith(("auth-required:", "restricted:")):
-                    raise AuthError(f"relay refused the read: {reason}")
-                raise RelayError(f"relay closed the subscription: {reason or 'no reason'}")
+                return events, str(msg[2]) if len(msg) > 2 else ""
+
+    async def query(self, nostr_filter: dict[str, Any]) -> list[Event]:
+        """Stored events matching one filter, up to EOSE. Malformed events are dropped."""
+        if self._should_auth():
+            await self.authenticate()
+        while True:
+            events, closed = await self._query_once(nostr_filter)
+            gated = closed is not None and closed.startswith("auth-required:")
+            if self._should_auth() or (gated and self._seckey and not self._authenticated):
+                await self.authenticate()  # then ask again, as the authenticated key
+                continue
+            if closed is None:
+                return events
+            if closed.startswith(("auth-required:", "restricted:")):
+                raise AuthError(f"relay refused the read: {closed}")
+            raise RelayError(f"relay closed the subscription: {closed or 'no reason'}")
 
     async def publish(self, event: Event) -> str:
         """Send an event; returns the OK message. A refusal raises RelayError/AuthError."""
-        await self._send(["EVENT", event])
-        accepted, message = await self._wait_ok(event.id)
-        if accepted:
-            return message
-        if message.startswith(("auth-required:", "restricted:")):
-            raise AuthError(f"relay refused the event: {message}")
-        raise RelayError(f"relay refused the event: {message or 'no reason given'}")
+        return (await self.publish_many([event]))[event.id]
+
+    async def publish_many(self, events: list[Event], window: int = 256) -> dict[str, str]:
+        """Send events, up to `window` awaiting their OK at once; id -> OK message.
+
+        The first refusal raises (RelayError or AuthError); `try_publish_many` collects them.
+        """
+        results = await self.try_publish_many(events, window)
+        out: dict[str, str] = {}
+        for event in events:
+            accepted, message = results[event.id]
+            if not accepted:
+                if message.startswith(("auth-required:", "restricted:")):
+                    raise AuthError(f"relay refused the event: {message}")
+                raise RelayError(f"relay refused the event: {message or 'no reason given'}")
+            out[event.id] = message
+        return out
+
+    async def try_publish_many(
+        self, events: list[Event], window: int = 256
+    ) -> dict[str, tuple[bool, str]]:
+        """Send events pipelined; id -> (accepted, message). Asked to authenticate, it does
+        so once and sends the refused events again."""
+        if self._should_auth():
+            await self.authenticate()
+        results = await self._pipeline(events, window)
+        retry = [e for e in events if results[e.id][1].startswith("auth-required:")]
+        if retry and self._seckey is not None and not self._authenticated:
+            await self.authenticate()
+            results.update(await self._pipeline(retry, window))
+        return results
+
+    async def _pipeline(self, events: list[Event], window: int) -> dict[str, tuple[bool, str]]:
+        results: dict[str, tuple[bool, str]] = {}
+        pending: list[str] = []
+        for event in events:
+            await self._send(["EVENT", event])
+            pending.append(event.id)
+            if len(pending) >= window:
+                results[pending[0]] = await self._wait_ok(pending.pop(0))
+        for event_id in pending:
+            results[event_id] = await self._wait_ok(event_id)
+        return results
 
 
-@asynccontextmanager
-async def open_relay(url: str) -> AsyncIterator[RelayClient]:
-    """Connect (TLS verified with the default context for wss://) and close on exit.
-
-    Callers bound the whole exchange with `asyncio.timeout`; this adds no timeout of its own.
-    """
+async def connect_relay(url: str, seckey: bytes | None = None) -> RelayClient:
+    """Connect (TLS verified with the default context for wss://); the caller closes it."""
     try:
         ws = await connect(url, max_size=MAX_FRAME, open_timeout=None, close_timeout=2)
     except (OSError, websockets.InvalidHandshake, websockets.InvalidURI, ssl.SSLError) as exc:
         raise RelayError(f"cannot connect to {url}: {_describe(exc)}") from exc
+    return RelayClient(ws, url, seckey)
+
+
+@asynccontextmanager
+async def open_relay(url: str, seckey: bytes | None = None) -> AsyncIterator[RelayClient]:
+    """Connect (TLS verified with the default context for wss://) and close on exit.
+
+    Callers bound the whole exchange with `asyncio.timeout`; this adds no timeout of its own.
+    """
+    client = await connect_relay(url, seckey)
     try:
-        yield RelayClient(ws, url)
+        yield client
     finally:
-        await ws.close()
+        await client.close()

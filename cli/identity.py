@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from cli.errors import BadInputError
 from engram.errors import KeyFormatError
 from engram.nip01 import parse_public_key, parse_secret_key, pubkey_of
 from engram.nip44 import conversation_key
@@ -21,8 +22,8 @@ ENV_OWNER = "ENGRAM_OWNER"
 ENV_RELAY = "ENGRAM_RELAY"
 
 
-class InputError(ValueError):
-    """Bad input from the user (exit code 1); messages never carry a secret."""
+# Bad input from the user (exit code 1); messages never carry a secret.
+InputError = BadInputError
 
 
 @dataclass(frozen=True)

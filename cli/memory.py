@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from cli.client import RelayClient
+from cli.errors import ConflictError
 from cli.identity import Identity, InputError
 from engram import (
     FUTURE_SKEW_MAX,
@@ -29,10 +30,6 @@ from engram import (
     monotonic_created_at,
 )
 from engram.nip01 import Event
-
-
-class ConflictError(Exception):
-    """Someone else's write got in the way, or the head is clock-poisoned (exit code 5)."""
 
 
 def live_text(lookup: Lookup) -> str | None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from cli.errors import BadInputError
+
 _HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _NO_NEWLINE = "\\"  # "\ No newline at end of file" (the text after the backslash varies)
 # Lines git and diff(1) put before the first hunk of a file; anything else there is an error.
@@ -29,7 +31,7 @@ _PREAMBLE_PREFIXES = (
 )
 
 
-class PatchError(ValueError):
+class PatchError(BadInputError):
     """The patch is malformed or does not apply exactly; the message says which line."""
 
 

@@ -1,0 +1,50 @@
+"""The exceptions of `engram mem` and its Python API: one class per CLI exit code.
+
+Each carries a stable machine-readable `code` and the `exit_code` the CLI uses, so an
+agent framework can branch on the class or the code and the CLI maps both in one place.
+Messages name relays and slugs, never a secret key or decrypted content.
+"""
+
+from __future__ import annotations
+
+
+class AgentMemoryError(Exception):
+    """Base class; also "any other error" (exit code 4)."""
+
+    code: str = "error"
+    exit_code: int = 4
+
+
+class BadInputError(AgentMemoryError, ValueError):
+    """Bad input: an invalid slug, key, URL, patch or value (exit code 1)."""
+
+    code = "bad_input"
+    exit_code = 1
+
+
+class NotFoundError(AgentMemoryError):
+    """The slug has no live value: absent or removed (exit code 1)."""
+
+    code = "not_found"
+    exit_code = 1
+
+
+class RelayError(AgentMemoryError):
+    """No relay could be reached, answered in time, or accepted the request (exit code 2)."""
+
+    code = "relay"
+    exit_code = 2
+
+
+class AuthError(AgentMemoryError):
+    """NIP-42 authentication failed or the relay gated the request (exit code 3)."""
+
+    code = "auth"
+    exit_code = 3
+
+
+class ConflictError(AgentMemoryError):
+    """Another write got in the way, or the head is clock-poisoned (exit code 5)."""
+
+    code = "conflict"
+    exit_code = 5

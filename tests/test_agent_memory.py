@@ -1,0 +1,62 @@
+"""The Python API (`cli.agent_memory.AgentMemory`) on real relays of ours."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from cli_support import Keys, shared_relay
+from relay_fixtures import RelayProcess
+
+from cli.agent_memory import AgentMemory, ConflictError, NotFoundError, sha256_hex
+from cli.errors import BadInputError
+from cli.identity import load_identity
+
+
+@pytest.fixture(scope="module")
+def relay(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
+    yield from shared_relay(pg_server_url, str(tmp_path_factory.mktemp("api-relay")))
+
+
+def agent(keys: Keys, relays: list[str]) -> AgentMemory:
+    ident = load_identity(None, keys.owner, None, env={"ENGRAM_PRIVATE_KEY": keys.agent_sk.hex()})
+    return AgentMemory(ident, relays, timeout=30)
+
+
+def owner(keys: Keys, relays: list[str]) -> AgentMemory:
+    ident = load_identity(None, None, keys.agent, env={"ENGRAM_PRIVATE_KEY": keys.owner_sk.hex()})
+    return AgentMemory(ident, relays, timeout=30)
+
+
+async def test_api_lifecycle_on_one_relay(relay: RelayProcess) -> None:
+    keys = Keys.fresh()
+    mem = agent(keys, [relay.url])
+    written = await mem.set("notes/x", "one\ntwo\n")
+    assert written.accepted == (relay.url,) and written.sha256 == sha256_hex("one\ntwo\n")
+    entry = await mem.get("mem/notes/x")
+    assert (entry.value, entry.event_id) == ("one\ntwo\n", written.event_id)
+    assert await mem.hash("notes/x") == entry.sha256
+    diff = "--- a\n+++ b\n@@ -1,2 +1,2 @@\n one\n-two\n+TWO\n"
+    with pytest.raises(ConflictError) as conflict:
+        await mem.patch("notes/x", diff, sha256_hex("stale"))
+    assert (conflict.value.code, conflict.value.exit_code) == ("conflict", 5)
+    patched = await mem.patch("notes/x", diff, entry.sha256)
+    assert (await mem.get("notes/x")).value == "one\nTWO\n"
+    assert patched.created_at > entry.created_at
+    await mem.set("core", "I am a test agent. See [[mem/notes/x]].")
+    listing = await mem.ls()
+    assert [e.slug for e in listing.entries] == ["mem/notes/x"]
+    refs = await mem.refs()
+    assert refs.has_core and refs.reachable == ["mem/notes/x"] and refs.orphans == []
+    core = await mem.core()
+    assert core.status == "profile" and core.profile is not None
+    await mem.rm("notes/x")
+    with pytest.raises(NotFoundError) as missing:
+        await mem.get("notes/x")
+    assert (missing.value.code, missing.value.exit_code) == ("not_found", 1)
+    reader = owner(keys, [relay.url])
+    assert reader.read_only
+    assert (await reader.get("core")).value.startswith("I am a test agent")
+    with pytest.raises(BadInputError):
+        await reader.set("notes/y", "no")
+    assert (await agent(Keys.fresh(), [relay.url]).core()).status == "absent"
