@@ -9,18 +9,20 @@ or `--http` value ends the command with one line on stderr and exit code 1.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Annotated
 
 import typer
 
-from cli.identity import InputError, load_identity, relay_url
+from cli.identity import DEFAULT_RELAY, ENV_RELAY, InputError, load_identity
 from cli.mem import DEFAULT_TIMEOUT
 from cli.mem import Agent as AgentOpt
 from cli.mem import KeyFile as KeyFileOpt
 from cli.mem import Owner as OwnerOpt
 from cli.mem import Relay as RelayOpt
 from cli.mem import Timeout as TimeoutOpt
+from cli.relayset import parse_relays
 
 DEFAULT_HTTP_HOST = "127.0.0.1"
 MCP_PATH = "/mcp"
@@ -71,7 +73,7 @@ def mcp_command(
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="engram mcp: %(message)s")
     try:
         ident = load_identity(key_file, owner, agent)
-        url = relay_url(relay)
+        relays = parse_relays(relay or os.environ.get(ENV_RELAY) or DEFAULT_RELAY)
         bind = parse_http(http) if http is not None else None
     except InputError as exc:
         typer.echo(f"engram: {' '.join(str(exc).split())}", err=True)
@@ -79,9 +81,10 @@ def mcp_command(
 
     import anyio
 
-    from cli.mcp_server import Memory, build_server
+    from cli.agent_memory import AgentMemory
+    from cli.mcp_server import build_server
 
-    server = build_server(Memory(ident, url, timeout), timeout)
+    server = build_server(AgentMemory(ident, relays, timeout=timeout))
     try:
         if bind is None:
             anyio.run(server.run_stdio_async)

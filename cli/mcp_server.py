@@ -14,7 +14,6 @@ secret key is ever returned or logged, and a key only ever reads what it can dec
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
@@ -25,25 +24,10 @@ from mcp.server.mcpserver.prompts.base import UserMessage
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field, ValidationError
 
-from cli.client import RelayClient, RelayError, fetch_nip11, max_limit_of, open_relay
-from cli.hook import HEADER, HookResult, Nudge, Profile, fetch_core
-from cli.identity import Identity, InputError
-from cli.mem import _body, _found, _slug
-from cli.memory import ConflictError, list_heads, live_text, read_head, write
-from cli.patch import apply_patch
-from engram import (
-    CORE_SLUG,
-    EngramError,
-    Head,
-    ListingEntry,
-    Reachability,
-    Tombstone,
-    body_text,
-    core_profile,
-    listing,
-    normalize_slug,
-    reachability,
-)
+from cli.agent_memory import AgentMemory, CoreRead, SetReport, WriteResult
+from cli.errors import AgentMemoryError
+from cli.hook import HEADER
+from engram import EngramError
 
 T = TypeVar("T")
 
@@ -143,8 +127,11 @@ BaseHashArg = Annotated[
         pattern=r"^[0-9a-fA-F]{64}$",
     ),
 ]
-QueryArg = Annotated[str, Field(description="Text to look for.", min_length=1, max_length=1000)]
-LimitArg = Annotated[int, Field(description="At most this many results.", ge=1, le=1000)]
+QueryArg = Annotated[
+    str, Field(description="Text to look for (case-insensitive).", min_length=1, max_length=1000)
+]
+LimitArg = Annotated[int, Field(description="At most this many matches.", ge=1, le=1000)]
+RegexArg = Annotated[bool, Field(description="Treat the query as a regular expression.")]
 
 READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
@@ -158,37 +145,18 @@ def one_line(text: str) -> str:
     return " ".join(text.split()) or "error"
 
 
-def sha256_hex(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def classify(exc: BaseException) -> tuple[str, str]:
     """(code, one-line message) for a failed call; neither ever carries a secret.
 
-    Messages come from the CLI's exceptions, which are written never to include a key or
+    AgentMemory's errors carry their code and messages written never to include a key or
     another key's plaintext; an unexpected exception is named by its type only.
     """
-    from cli.client import AuthError, RelayError
-    from cli.mem import NotFoundError
-    from cli.memory import ConflictError
-    from cli.patch import PatchError
-    from engram import EngramError
-
-    code = getattr(exc, "code", None)  # the Python API's exceptions carry their own code
-    if isinstance(code, str) and code in ERROR_CODES:
-        return code, one_line(str(exc))
+    if isinstance(exc, AgentMemoryError) and exc.code in ERROR_CODES:
+        return exc.code, one_line(str(exc))
     if isinstance(exc, TimeoutError):
         return "relay", one_line(str(exc) or "timed out waiting for the relay")
-    kinds: list[tuple[Any, str]] = [
-        ((InputError, PatchError, EngramError), "bad_input"),
-        (NotFoundError, "not_found"),
-        (RelayError, "relay"),
-        (AuthError, "auth"),
-        (ConflictError, "conflict"),
-    ]
-    for kind, name in kinds:
-        if isinstance(exc, kind):
-            return name, one_line(str(exc))
+    if isinstance(exc, EngramError):  # invalid slug or body: the caller's input
+        return "bad_input", one_line(str(exc))
     return "error", f"unexpected error: {type(exc).__name__}"
 
 
@@ -202,7 +170,16 @@ def failure(code: str, message: str) -> CallToolResult:
     )
 
 
-def success(texts: list[str], data: dict[str, Any]) -> CallToolResult:
+def success(texts: list[str], data: dict[str, Any], report: SetReport) -> CallToolResult:
+    """A result: text blocks for the model, the same facts as structured content.
+
+    What the relay set had to say (a relay that failed or is behind, events skipped as
+    invalid) is one more text block, and `relays` in the structured content.
+    """
+    notes = report.warnings()
+    if notes:
+        texts = [*texts, "note: " + "; ".join(notes)]
+    data = {**data, "relays": report.as_json()}
     return CallToolResult(
         content=[TextContent(type="text", text=text) for text in texts], structured_content=data
     )
@@ -262,101 +239,15 @@ class EngramMCP(MCPServer):
             return failure("error", f"unexpected error in {name}")
 
 
-# --- the memory the tools work on -----------------------------------------------------------
-
-
-class Memory:
-    """The operations the tools need, over one identity and its relay(s).
-
-    A thin adapter: the work is `engram mem`'s own code (slug normalization, the size
-    limit, created_at = max(now, head + 1), verify-after-write, exact patches).
-    """
-
-    def __init__(self, ident: Identity, url: str, timeout: float) -> None:
-        self.ident = ident
-        self.url = url
-        self.timeout = timeout
-
-    @property
-    def read_only(self) -> bool:
-        return self.ident.as_owner
-
-    async def _session(self, op: Callable[[RelayClient], Awaitable[T]]) -> T:
-        async with open_relay(self.url) as client:
-            await client.authenticate(self.ident.seckey)
-            return await op(client)
-
-    async def get(self, slug: str) -> str:
-        slug = _slug(slug)
-        lookup = await self._session(lambda c: read_head(c, self.ident, slug))
-        return _found(lookup, slug)
-
-    async def set(self, slug: str, value: str) -> str:
-        slug = _slug(slug)
-        body = _body(slug, value)
-
-        async def op(client: RelayClient) -> str:
-            base = await read_head(client, self.ident, slug)
-            return (await write(client, self.ident, body, base)).id
-
-        return await self._session(op)
-
-    async def patch(self, slug: str, diff: str, base_hash: str) -> tuple[str, str]:
-        """Apply `diff` if the current value hashes to `base_hash`; (event id, new hash)."""
-        slug = _slug(slug)
-        expected = base_hash.lower()
-
-        async def op(client: RelayClient) -> tuple[str, str]:
-            base = await read_head(client, self.ident, slug)
-            current = live_text(base) or ""
-            if sha256_hex(current) != expected:
-                raise ConflictError(
-                    f"{slug}: base hash mismatch: the current value hashes to {sha256_hex(current)}"
-                )
-            result = apply_patch(current, diff)
-            event = await write(client, self.ident, _body(slug, result), base)
-            return event.id, sha256_hex(result)
-
-        return await self._session(op)
-
-    async def rm(self, slug: str) -> str:
-        slug = _slug(slug)
-        if slug == CORE_SLUG:
-            raise InputError("core cannot be deleted; to clear it, set it to a shorter text")
-
-        async def op(client: RelayClient) -> str:
-            base = await read_head(client, self.ident, slug)
-            _found(base, slug)
-            return (await write(client, self.ident, Tombstone(slug=slug), base)).id
-
-        return await self._session(op)
-
-    async def heads(self) -> dict[str, Head]:
-        try:
-            limit = max_limit_of(await fetch_nip11(self.url, self.timeout))
-        except RelayError:
-            limit = None
-        heads, _count = await self._session(lambda c: list_heads(c, self.ident, limit))
-        return heads
-
-    async def ls(self) -> list[ListingEntry]:
-        return listing(await self.heads())
-
-    async def refs(self) -> tuple[bool, Reachability]:
-        heads = await self.heads()
-        profile = core_profile(heads)
-        values = {slug: body_text(h.body) for slug, h in heads.items()}
-        return profile is not None, reachability(profile, values)
-
-    async def core(self) -> HookResult:
-        return await fetch_core(self.ident, self.url, self.timeout)
-
-
 # --- the server -----------------------------------------------------------------------------
 
 
-def build_server(memory: Memory, timeout: float) -> EngramMCP:
-    """The MCP server over `memory`: write tools only when the held key may write."""
+def build_server(memory: AgentMemory) -> EngramMCP:
+    """The MCP server over `memory`; the write tools only when the held key may write.
+
+    Every call is bounded by `memory.timeout`, on top of AgentMemory's own deadline, so
+    neither a relay nor a slow close can hold a tool call longer than that.
+    """
     server = EngramMCP(
         "engram",
         title="engram agent memory",
@@ -364,6 +255,7 @@ def build_server(memory: Memory, timeout: float) -> EngramMCP:
         version=_version(),
         log_level="WARNING",
     )
+    timeout = memory.timeout
 
     async def call(op: Callable[[], Awaitable[CallToolResult]]) -> CallToolResult:
         try:
@@ -376,77 +268,93 @@ def build_server(memory: Memory, timeout: float) -> EngramMCP:
 
     async def memory_get(slug: SlugArg) -> CallToolResult:
         async def op() -> CallToolResult:
-            value = await memory.get(slug)
-            digest = sha256_hex(value)
-            return success(
-                [value, f"sha256 {digest} (base_hash for memory_patch)"],
-                {"slug": normalized(slug), "value": value, "sha256": digest},
-            )
+            entry = await memory.get(slug)
+            data = {
+                "slug": entry.slug,
+                "value": entry.value,
+                "sha256": entry.sha256,
+                "event_id": entry.event_id,
+                "created_at": entry.created_at,
+            }
+            texts = [entry.value, f"sha256 {entry.sha256} (the base_hash for memory_patch)"]
+            return success(texts, data, entry.report)
 
         return await call(op)
 
     async def memory_hash(slug: SlugArg) -> CallToolResult:
         async def op() -> CallToolResult:
-            digest = sha256_hex(await memory.get(slug))
-            return success([digest], {"slug": normalized(slug), "sha256": digest})
+            entry = await memory.get(slug)
+            return success(
+                [entry.sha256], {"slug": entry.slug, "sha256": entry.sha256}, entry.report
+            )
 
         return await call(op)
 
     async def memory_list() -> CallToolResult:
         async def op() -> CallToolResult:
-            rows = await memory.ls()
+            found = await memory.ls()
+            rows = found.entries
             lines = [f"{r.slug}\t{r.created_at}\t{r.event_id}" for r in rows]
             data = [
                 {"slug": r.slug, "created_at": r.created_at, "event_id": r.event_id} for r in rows
             ]
-            return success(["\n".join(lines) or "(no memories)"], {"memories": data})
+            text = "\n".join(lines) or "(no memories)"
+            return success([text], {"memories": data}, found.report)
+
+        return await call(op)
+
+    async def memory_search(
+        query: QueryArg, limit: LimitArg = 20, regex: RegexArg = False
+    ) -> CallToolResult:
+        async def op() -> CallToolResult:
+            hits = await memory.search(query, regex=regex, limit=limit)
+            lines = [f"{m.slug}\t{m.snippet}" for m in hits]
+            data = [
+                {
+                    "slug": m.slug,
+                    "snippet": m.snippet,
+                    "created_at": m.created_at,
+                    "event_id": m.event_id,
+                }
+                for m in hits
+            ]
+            text = "\n".join(lines) or "(no matches)"
+            return success([text], {"matches": data}, hits.report)
 
         return await call(op)
 
     async def memory_refs() -> CallToolResult:
         async def op() -> CallToolResult:
-            has_core, graph = await memory.refs()
+            graph = await memory.refs()
             lines = [f"reachable\t{s}" for s in graph.reachable]
             lines += [f"orphan\t{s}" for s in graph.orphans]
             lines += [f"dangling\t{t}\t(linked from {s})" for s, t in graph.dangling]
-            if not has_core:
+            if not graph.has_core:
                 lines.insert(0, "no core profile: every memory is an orphan")
             data = {
-                "core": has_core,
+                "core": graph.has_core,
                 "reachable": graph.reachable,
                 "orphans": graph.orphans,
                 "dangling": [{"from": s, "to": t} for s, t in graph.dangling],
             }
-            return success(["\n".join(lines) or "(no memories)"], data)
+            return success(["\n".join(lines) or "(no memories)"], data, graph.report)
 
         return await call(op)
 
     async def memory_set(slug: SlugArg, value: ValueArg) -> CallToolResult:
-        async def op() -> CallToolResult:
-            event_id = await memory.set(slug, value)
-            return written(slug, event_id, sha256_hex(value))
-
-        return await call(op)
+        return await call(lambda: written(memory.set(slug, value), "saved"))
 
     async def memory_patch(slug: SlugArg, diff: DiffArg, base_hash: BaseHashArg) -> CallToolResult:
-        async def op() -> CallToolResult:
-            event_id, digest = await memory.patch(slug, diff, base_hash)
-            return written(slug, event_id, digest)
-
-        return await call(op)
+        return await call(lambda: written(memory.patch(slug, diff, base_hash), "patched"))
 
     async def memory_delete(slug: SlugArg) -> CallToolResult:
-        async def op() -> CallToolResult:
-            event_id = await memory.rm(slug)
-            text = f"deleted {normalized(slug)} (tombstone {event_id})"
-            return success([text], {"slug": normalized(slug), "event_id": event_id})
-
-        return await call(op)
+        return await call(lambda: written(memory.rm(slug), "deleted"))
 
     tools: list[tuple[Callable[..., Any], ToolAnnotations]] = [
         (memory_get, READ),
         (memory_hash, READ),
         (memory_list, READ),
+        (memory_search, READ),
         (memory_refs, READ),
     ]
     if not memory.read_only:
@@ -455,14 +363,18 @@ def build_server(memory: Memory, timeout: float) -> EngramMCP:
         server.add_tool(fn, description=DESCRIPTIONS[fn.__name__], annotations=hints)
 
     async def core_text() -> str | None:
-        outcome = await memory.core()
-        if isinstance(outcome, Profile):
+        """The fetch hook's three outcomes: profile, nudge (core confirmed absent), None."""
+        try:
+            read = await bounded(memory.core, timeout)
+        except TimeoutError as exc:
+            read = CoreRead("unknown", reason=str(exc))
+        if read.status == "profile":
             if memory.read_only:
-                return f"# The agent's core profile (engram)\n\n{outcome.profile}"
-            return f"{HEADER}\n\n{outcome.profile}\n\n{USAGE}"
-        if isinstance(outcome, Nudge):
+                return f"# The agent's core profile (engram)\n\n{read.profile}"
+            return f"{HEADER}\n\n{read.profile}\n\n{USAGE}"
+        if read.status == "absent":
             return OWNER_NUDGE if memory.read_only else NUDGE
-        log.warning("core profile not read: %s", one_line(outcome.reason))
+        log.warning("core profile not read: %s", one_line(read.reason))
         return None
 
     @server.resource(
@@ -471,7 +383,7 @@ def build_server(memory: Memory, timeout: float) -> EngramMCP:
         title="Core profile",
         description=(
             "Your core profile with how to use your memory; the nudge to create one when the "
-            "relay confirmed there is none; empty when it could not be read."
+            "relays confirmed there is none; empty when it could not be read."
         ),
         mime_type="text/markdown",
     )
@@ -493,16 +405,17 @@ def build_server(memory: Memory, timeout: float) -> EngramMCP:
     return server
 
 
-def normalized(slug: str) -> str:
-    try:
-        return normalize_slug(slug)
-    except EngramError:
-        return slug
-
-
-def written(slug: str, event_id: str, digest: str) -> CallToolResult:
-    text = f"saved {normalized(slug)} (event {event_id}; sha256 {digest})"
-    return success([text], {"slug": normalized(slug), "event_id": event_id, "sha256": digest})
+async def written(write: Awaitable[WriteResult], verb: str) -> CallToolResult:
+    """A write's result: the slug, the new event id and the new value's hash."""
+    result = await write
+    text = f"{verb} {result.slug} (event {result.event_id}"
+    text += f"; sha256 {result.sha256})" if result.sha256 else ")"
+    data: dict[str, Any] = {"slug": result.slug, "event_id": result.event_id}
+    if result.sha256:
+        data["sha256"] = result.sha256
+    if result.refused:
+        data["refused"] = result.refused
+    return success([text], data, result.report)
 
 
 def _version() -> str:

@@ -38,7 +38,7 @@ from relay_fixtures import RelayProcess, free_port
 from engram.nip01 import Event, pubkey_of
 from engram.nip19 import nsec
 
-READ_TOOLS = {"memory_get", "memory_hash", "memory_list", "memory_refs"}
+READ_TOOLS = {"memory_get", "memory_hash", "memory_list", "memory_search", "memory_refs"}
 WRITE_TOOLS = {"memory_set", "memory_patch", "memory_delete"}
 CALL_BOUND = 120.0  # generous outer bound for one MCP call on a loaded machine
 
@@ -195,6 +195,7 @@ async def test_tools_and_input_schemas(relay: RelayProcess, keys: Keys, tmp_path
         assert schema("memory_patch") == ({"slug", "diff", "base_hash"},) * 2
         assert schema("memory_delete") == ({"slug"}, {"slug"})
         assert schema("memory_list") == (set(), set())
+        assert schema("memory_search") == ({"query", "limit", "regex"}, {"query"})
         assert schema("memory_refs") == (set(), set())
         base_hash = tools["memory_patch"].input_schema["properties"]["base_hash"]
         assert base_hash["type"] == "string" and "64" in base_hash["pattern"]
@@ -236,11 +237,9 @@ async def test_every_tool_round_trips(
 
         got = await server.ok("memory_get", slug="notes/x")
         assert got.content[0].text == value  # exact bytes, nothing added
-        assert got.structured_content == {
-            "slug": "mem/notes/x",
-            "value": value,
-            "sha256": sha(value),
-        }
+        expected = {"slug": "mem/notes/x", "value": value, "sha256": sha(value)}
+        assert expected.items() <= got.structured_content.items()
+        assert got.structured_content["relays"]["answered"] == [relay.url]
         assert sha(value) in got.content[1].text
         same = await server.ok("memory_get", slug="mem/notes/x")
         assert same.content[0].text == value
@@ -265,12 +264,23 @@ async def test_every_tool_round_trips(
         assert "mem/notes/x" in listed.content[0].text
 
         refs = await server.ok("memory_refs")
-        assert refs.structured_content == {
-            "core": True,
-            "reachable": ["mem/notes/x"],
-            "orphans": ["mem/loose"],
-            "dangling": [{"from": "core", "to": "mem/gone"}],
-        }
+        assert (
+            refs.structured_content.items()
+            >= {
+                "core": True,
+                "reachable": ["mem/notes/x"],
+                "orphans": ["mem/loose"],
+                "dangling": [{"from": "core", "to": "mem/gone"}],
+            }.items()
+        )
+
+        found = await server.ok("memory_search", query="NOBODY")
+        assert [m["slug"] for m in found.structured_content["matches"]] == ["mem/loose"]
+        assert "nobody links here" in found.content[0].text
+        found = await server.ok("memory_search", query="t[wW]o", regex=True, limit=5)
+        assert [m["slug"] for m in found.structured_content["matches"]] == ["mem/notes/x"]
+        await server.error("memory_search", "bad_input", query="")
+        await server.error("memory_search", "bad_input", query="(", regex=True)
 
         resource = await server.core_resource()
         assert profile in resource and "memory_patch" in resource
@@ -371,7 +381,9 @@ async def test_a_third_key_cannot_read_the_agents_memory(
             await server.error("memory_get", "not_found", slug="plan")
             await server.error("memory_get", "not_found", slug="core")
             listed = await server.ok("memory_list")
-            assert listed.structured_content == {"memories": []}
+            assert listed.structured_content["memories"] == []
+            found = await server.ok("memory_search", query="secret")
+            assert found.structured_content["matches"] == []
             await server.ok("memory_refs")
             await server.core_resource()
             await server.core_prompt()
