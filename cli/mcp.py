@@ -82,9 +82,10 @@ def mcp_command(
     import anyio
 
     from cli.agent_memory import AgentMemory
-    from cli.mcp_server import build_server
+    from cli.mcp_server import build_server, inner_timeout
 
-    server = build_server(AgentMemory(ident, relays, timeout=timeout))
+    memory = AgentMemory(ident, relays, timeout=inner_timeout(timeout))
+    server = build_server(memory, timeout)
     try:
         if bind is None:
             anyio.run(server.run_stdio_async)

@@ -242,11 +242,17 @@ class EngramMCP(MCPServer):
 # --- the server -----------------------------------------------------------------------------
 
 
-def build_server(memory: AgentMemory) -> EngramMCP:
+def inner_timeout(timeout: float) -> float:
+    """AgentMemory's deadline inside a call bounded by `timeout`: a little earlier."""
+    return timeout - min(0.5, timeout / 5)
+
+
+def build_server(memory: AgentMemory, timeout: float) -> EngramMCP:
     """The MCP server over `memory`; the write tools only when the held key may write.
 
-    Every call is bounded by `memory.timeout`, on top of AgentMemory's own deadline, so
-    neither a relay nor a slow close can hold a tool call longer than that.
+    Every call is cut off after `timeout` seconds whatever the relays do. Give `memory` a
+    slightly shorter deadline (`inner_timeout`), so that with a relay set its own deadline
+    comes first and the relays that did answer still give a result.
     """
     server = EngramMCP(
         "engram",
@@ -255,7 +261,6 @@ def build_server(memory: AgentMemory) -> EngramMCP:
         version=_version(),
         log_level="WARNING",
     )
-    timeout = memory.timeout
 
     async def call(op: Callable[[], Awaitable[CallToolResult]]) -> CallToolResult:
         try:

@@ -352,7 +352,7 @@ async def test_hanging_relay_times_out_as_a_relay_error(keys: Keys, tmp_path: Pa
         async with stdio_server(env, "--timeout", "1", log_dir=tmp_path) as server:
             for _ in range(2):  # the second call proves the server still answers
                 message = await server.error("memory_get", "relay", slug="notes/x")
-                assert "1 s" in message
+                assert "timed out" in message
             await server.error("memory_set", "relay", slug="notes/x", value="v")
             assert await server.core_prompt() == []
             assert await server.tool_names() == READ_TOOLS | WRITE_TOOLS
@@ -361,6 +361,25 @@ async def test_hanging_relay_times_out_as_a_relay_error(keys: Keys, tmp_path: Pa
     async with http_server(env, "--timeout", "1", log_dir=tmp_path) as server:
         await server.error("memory_list", "relay")
         await server.error("memory_refs", "relay")
+
+
+async def test_a_relay_set_in_engram_relay(start_relay: Any, keys: Keys, tmp_path: Path) -> None:
+    """ENGRAM_RELAY as a set: writes go to every relay, a failed relay is named, not fatal."""
+    first, second = start_relay(), start_relay()
+    env = keys.agent_env(f"{first.url},{second.url}")
+    async with stdio_server(env, "--timeout", "5", log_dir=tmp_path) as server:
+        saved = await server.ok("memory_set", slug="notes/x", value="on both")
+        assert saved.structured_content["relays"]["answered"] == [first.url, second.url]
+        second.stop()
+        got = await server.ok("memory_get", slug="notes/x")
+        assert got.content[0].text == "on both"
+        assert list(got.structured_content["relays"]["failed"]) == [second.url]
+        assert got.content[-1].text.startswith("note: ") and second.url in got.content[-1].text
+        saved = await server.ok("memory_set", slug="notes/y", value="on one")
+        assert list(saved.structured_content["refused"]) == [second.url]
+        listed = await server.ok("memory_list")
+        slugs = [r["slug"] for r in listed.structured_content["memories"]]
+        assert slugs == ["mem/notes/x", "mem/notes/y"]
 
 
 async def test_a_third_key_cannot_read_the_agents_memory(
