@@ -25,7 +25,7 @@ from typing import Annotated, Any
 import typer
 
 from cli.hook import DEFAULT_HOOK_TIMEOUT, HookResult, Nothing, Nudge, Profile, fetch_core
-from cli.identity import InputError, load_identity, relay_url
+from cli.identity import InputError, load_identity, relay_urls
 
 SESSION_OPENERS = frozenset({"session/new", "session/load", "session/resume", "session/fork"})
 PROMPT = "session/prompt"
@@ -201,7 +201,7 @@ def _hook(
         return None
     try:
         ident = load_identity(key_file, owner, None)
-        url = relay_url(relay)
+        url = relay_urls(relay)
     except InputError as exc:
         _log(f"memory disabled: {exc}")
         return None
@@ -228,7 +228,8 @@ def acp_command(
         float, typer.Option("--timeout", min=0.1, help="Seconds to wait for core.")
     ] = DEFAULT_HOOK_TIMEOUT,
     relay: Annotated[
-        str | None, typer.Option("--relay", help="Relay URL (env ENGRAM_RELAY).")
+        str | None,
+        typer.Option("--relay", help="Relay URL(s), comma-separated (env ENGRAM_RELAY)."),
     ] = None,
     owner: Annotated[
         str | None, typer.Option("--owner", help="Owner public key (env ENGRAM_OWNER).")

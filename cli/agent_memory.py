@@ -638,18 +638,26 @@ class AgentMemory:
             await session.close()
 
     async def core(self) -> CoreRead:
-        """Read core for the fetch hook; never raises (a failure is `unknown`)."""
+        """Read core for the fetch hook, within `timeout` in all; never raises.
+
+        `profile` when any relay yields a valid core (the newest across those that
+        answered); `absent` only when every relay answered and none holds a core
+        candidate; `unknown` otherwise (a failure to read is never "absent").
+        """
+        session = RelaySession(self.relays, self.identity.seckey, self.timeout)
         try:
-            session = await self._session()
-        except AgentMemoryError as exc:
-            return CoreRead("unknown", reason=str(exc))
-        except Exception as exc:  # any failure to read is "unknown", never "absent"
-            return CoreRead("unknown", reason=f"{type(exc).__name__}: {exc}")
-        try:
+            await session.connect()
             checker = _Checker(self.identity)
             try:
                 read = await self._read_slug(session, checker, CORE_SLUG)
             except AgentMemoryError as exc:
+                if session.failed and all(
+                    isinstance(e, TimeoutError) for e in session.failed.values()
+                ):
+                    names = ", ".join(self.relays)
+                    return CoreRead(
+                        "unknown", reason=f"no answer from {names} within {self.timeout:g} s"
+                    )
                 return CoreRead("unknown", reason=str(exc))
             head = read.merged.get(CORE_SLUG)
             if head is not None and isinstance(head.body, Core):
@@ -662,7 +670,7 @@ class AgentMemory:
             return CoreRead(
                 "unknown", reason=f"all {read.candidates} core candidate(s) failed validation"
             )
-        except Exception as exc:
+        except Exception as exc:  # any failure to read is "unknown", never "absent"
             return CoreRead("unknown", reason=f"{type(exc).__name__}: {exc}")
         finally:
             await session.close()

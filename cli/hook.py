@@ -2,9 +2,9 @@
 hygiene for agents*).
 
 Three outcomes, one type each, so no caller can confuse them:
-- `Profile`: a valid core exists; its profile is rendered under a fixed header.
-- `Nudge`: the relay answered and nothing carries core's address: tell the agent to
-  create one.
+- `Profile`: some relay holds a valid core; its profile is rendered under a fixed header.
+- `Nudge`: every relay of the set answered and none holds anything at core's address:
+  tell the agent to create one.
 - `Nothing`: timeout, transport or auth failure, or candidates that all failed
   validation. A failed read must never teach the agent that it has no memory.
 """
@@ -12,14 +12,14 @@ Three outcomes, one type each, so no caller can confuse them:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cli.client import open_relay
+from cli.agent_memory import AgentMemory
 from cli.identity import Identity
-from cli.memory import read_head
-from engram import CORE_SLUG, Core
 
 DEFAULT_HOOK_TIMEOUT = 3.0
+CLOSE_GRACE = 0.25  # past the read's own deadline, for closing connections
 HEADER = "# Persistent memory: your core profile (engram)"
 USAGE = (
     "Your memory lives on a Nostr relay and survives across sessions. Read more with "
@@ -72,28 +72,28 @@ class Nothing:
 HookResult = Profile | Nudge | Nothing
 
 
-async def _read_core(ident: Identity, url: str) -> HookResult:
-    async with open_relay(url) as client:
-        await client.authenticate(ident.seckey)
-        lookup = await read_head(client, ident, CORE_SLUG)
-    if lookup.head is not None and isinstance(lookup.head.body, Core):
-        return Profile(lookup.head.body.profile)
-    if lookup.candidates == 0:
+async def _read_core(ident: Identity, urls: str | Sequence[str], timeout: float) -> HookResult:
+    read = await AgentMemory(ident, urls, timeout=timeout).core()
+    if read.status == "profile" and read.profile is not None:
+        return Profile(read.profile)
+    if read.status == "absent":
         return Nudge()
-    return Nothing(f"all {lookup.candidates} core candidate(s) failed validation")
+    return Nothing(read.reason)
 
 
 async def fetch_core(
-    ident: Identity, url: str, timeout: float = DEFAULT_HOOK_TIMEOUT
+    ident: Identity, url: str | Sequence[str], timeout: float = DEFAULT_HOOK_TIMEOUT
 ) -> HookResult:
-    """Fetch core once; return within `timeout` seconds whatever the relay does.
+    """Fetch core once from a relay or a relay set (a list, or comma-separated URLs);
+    return within `timeout` seconds whatever the relays do.
 
-    The read runs as its own task so the deadline holds even while a connection is
-    being torn down: on timeout the task is cancelled and left to finish in the background.
+    The deadline bounds the whole read, not each relay. The read runs as its own task
+    so the deadline holds even while connections are being torn down: past it, the task
+    is cancelled and left to finish in the background.
     """
-    task = asyncio.ensure_future(_read_core(ident, url))
+    task = asyncio.ensure_future(_read_core(ident, url, timeout))
     try:
-        done, _ = await asyncio.wait({task}, timeout=timeout)
+        done, _ = await asyncio.wait({task}, timeout=timeout + CLOSE_GRACE)
     finally:  # past the deadline, or the caller gave up: stop reading either way
         if not task.done():
             task.cancel()

@@ -108,3 +108,12 @@ def relay_url(value: str | None, env: dict[str, str] | None = None) -> str:
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
         raise InputError(f"relay URL must look like ws://host:port or wss://host: {url!r}")
     return url
+
+
+def relay_urls(value: str | None, env: dict[str, str] | None = None) -> list[str]:
+    """`--relay`, else `ENGRAM_RELAY`, else the local default: one URL or a comma-separated
+    relay set, each ws:// or wss://."""
+    from cli.relayset import parse_relays
+
+    env = os.environ if env is None else env
+    return parse_relays(value or env.get(ENV_RELAY) or DEFAULT_RELAY)

@@ -1,10 +1,10 @@
-"""`engram mem …`: read and write agent memory (engrams) on a relay.
+"""`engram mem …`: read and write agent memory (engrams) on a relay set.
 
 The command layer only: options, input caps, output formats and the exit-code contract
 (0 ok, 1 bad input or not found, 2 relay/network/timeout, 3 authentication, 4 other,
-5 conflict). Protocol work lives in `cli.memory`, transport in `cli.client`.
-Nothing here prints a key; decrypted text goes only to stdout of `get` (and `patch
---dry-run`, which shows the result it would write).
+5 conflict). Every operation is a call to `cli.agent_memory.AgentMemory`; its errors carry
+their exit code. Nothing here prints a key; decrypted text goes only to stdout of `get`,
+`search` (snippets) and `patch --dry-run`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -21,45 +20,16 @@ import msgspec
 import typer
 from typer.core import TyperGroup
 
-from cli.client import AuthError, RelayClient, RelayError, fetch_nip11, max_limit_of, open_relay
-from cli.identity import Identity, InputError, load_identity, relay_url
-from cli.memory import ConflictError, list_heads, live_text, read_head, sha256_hex, write
-from cli.patch import PatchError, apply_patch
-from engram import (
-    CORE_SLUG,
-    Core,
-    EngramError,
-    Head,
-    Lookup,
-    Memory,
-    Tombstone,
-    body_text,
-    core_profile,
-    encode_body,
-    listing,
-    normalize_slug,
-    reachability,
-)
+from cli.agent_memory import AgentMemory, RelaySync, SetReport
+from cli.errors import AgentMemoryError, BadInputError, ConflictError
+from cli.identity import load_identity, relay_urls
+from engram import CORE_SLUG, EngramError
 
 T = TypeVar("T")
 STDIN_CAP = 65_535  # the NIP-44 plaintext limit: no value can be longer than this
 PATCH_CAP = 1 << 20
 DEFAULT_TIMEOUT = 10.0
-
-
-class NotFoundError(Exception):
-    """The slug has no live value (absent or tombstoned): exit code 1."""
-
-
-EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
-    (NotFoundError, 1),
-    (InputError, 1),
-    (PatchError, 1),
-    (EngramError, 1),  # invalid slug, body too large: the user's input
-    (RelayError, 2),
-    (AuthError, 3),
-    (ConflictError, 5),
-)
+InputError = BadInputError
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -67,6 +37,10 @@ def fail(message: str, code: int) -> NoReturn:
     line = " ".join(message.split()) or "error"
     typer.echo(f"engram: {line}", err=True)
     raise typer.Exit(code)
+
+
+def warn(message: str) -> None:
+    typer.echo(f"engram: warning: {' '.join(message.split())}", err=True)
 
 
 # typer exports BadParameter but not its base, UsageError (click's, or typer's vendored copy).
@@ -90,21 +64,27 @@ class MemGroup(TyperGroup):
         except Exception as exc:
             if isinstance(exc, TimeoutError):  # from asyncio.timeout: its message is empty
                 fail("timed out waiting for the relay", 2)
-            for kind, code in EXIT_CODES:
-                if isinstance(exc, kind):
-                    fail(f"conflict: {exc}" if isinstance(exc, ConflictError) else str(exc), code)
+            if isinstance(exc, AgentMemoryError):
+                text = f"conflict: {exc}" if isinstance(exc, ConflictError) else str(exc)
+                fail(text, exc.exit_code)
+            if isinstance(exc, EngramError):  # invalid slug, body too large: the user's input
+                fail(str(exc), 1)
             fail(f"unexpected error: {type(exc).__name__}: {exc}", 4)
 
 
 mem_app = typer.Typer(
     cls=MemGroup,
-    help="Read and write agent memory (NIP-AE engrams).",
+    help="Read and write agent memory (NIP-AE engrams) on one relay or a set of relays.",
     no_args_is_help=True,
 )
 
 Relay = Annotated[
     str | None,
-    typer.Option("--relay", help="Relay URL (env ENGRAM_RELAY; default ws://127.0.0.1:7777)."),
+    typer.Option(
+        "--relay",
+        help="Relay URL, or several separated by commas (env ENGRAM_RELAY; "
+        "default ws://127.0.0.1:7777).",
+    ),
 ]
 Owner = Annotated[
     str | None, typer.Option("--owner", help="Owner public key, hex or npub (env ENGRAM_OWNER).")
@@ -121,48 +101,30 @@ Agent = Annotated[
     ),
 ]
 Timeout = Annotated[
-    float, typer.Option("--timeout", min=0.1, help="Seconds before giving up on the relay.")
+    float, typer.Option("--timeout", min=0.1, help="Seconds before giving up on the relays.")
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of text lines.")]
+SlugArg = Annotated[str, typer.Argument(help="Slug, e.g. notes/x (mem/ is added) or core.")]
 
 
-@dataclass(frozen=True)
-class Target:
-    ident: Identity
-    url: str
-    timeout: float
+def memory(
+    relay: str | None,
+    owner: str | None,
+    key_file: Path | None,
+    agent: str | None,
+    timeout: float,
+) -> AgentMemory:
+    return AgentMemory(load_identity(key_file, owner, agent), relay_urls(relay), timeout=timeout)
 
 
-def _target(
-    relay: str | None, owner: str | None, key_file: Path | None, agent: str | None, timeout: float
-) -> Target:
-    return Target(load_identity(key_file, owner, agent), relay_url(relay), timeout)
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
 
 
-def _run(target: Target, op: Callable[[RelayClient], Awaitable[T]]) -> T:
-    """Connect, answer AUTH, run `op`; the whole exchange is bounded by the timeout."""
-
-    async def main() -> T:
-        async with asyncio.timeout(target.timeout), open_relay(target.url) as client:
-            await client.authenticate(target.ident.seckey)
-            return await op(client)
-
-    return asyncio.run(main())
-
-
-def _slug(raw: str) -> str:
-    try:
-        return normalize_slug(raw)
-    except EngramError as exc:
-        raise InputError(str(exc)) from exc
-
-
-def _found(lookup: Lookup, slug: str) -> str:
-    text = live_text(lookup)
-    if text is None:
-        note = f" ({lookup.rejected} invalid event(s) ignored)" if lookup.rejected else ""
-        raise NotFoundError(f"not found: {slug}{note}")
-    return text
+def report(rep: SetReport) -> None:
+    """Everything the user should know about the relays, on stderr."""
+    for line in rep.warnings():
+        warn(line)
 
 
 def _write_stdout(text: str) -> None:
@@ -181,15 +143,13 @@ def read_capped(stream: Any, cap: int, what: str) -> str:
         raise InputError(f"{what} is not valid UTF-8") from exc
 
 
-def _body(slug: str, text: str) -> Core | Memory:
-    body = Core(profile=text) if slug == CORE_SLUG else Memory(slug=slug, value=text)
-    encode_body(body)  # refuse an oversized body before touching the network
-    return body
+def _slug(raw: str) -> str:
+    return AgentMemory.slug(raw)
 
 
 @mem_app.command()
 def get(
-    slug: Annotated[str, typer.Argument(help="Slug, e.g. notes/x (mem/ is added) or core.")],
+    slug: SlugArg,
     relay: Relay = None,
     owner: Owner = None,
     key_file: KeyFile = None,
@@ -198,14 +158,24 @@ def get(
 ) -> None:
     """Print the value's exact bytes (no newline added); `core` prints the profile."""
     slug = _slug(slug)
-    target = _target(relay, owner, key_file, agent, timeout)
-    read = _run(target, lambda c: read_head(c, target.ident, slug))
-    _write_stdout(_found(read, slug))
+    entry = run(memory(relay, owner, key_file, agent, timeout).get(slug))
+    report(entry.report)
+    _write_stdout(entry.value)
+
+
+def _written(result: Any) -> None:
+    for url, reason in result.refused.items():
+        warn(f"{url}: {reason}")
+    rep: SetReport = result.report
+    for line in rep.warnings():
+        if not any(line.startswith(f"{url}: ") for url in result.refused):
+            warn(line)
+    typer.echo(result.event_id)
 
 
 @mem_app.command("set")
 def set_(
-    slug: Annotated[str, typer.Argument(help="Slug, e.g. notes/x (mem/ is added) or core.")],
+    slug: SlugArg,
     value: Annotated[str, typer.Argument(help="The value, or - to read stdin.")],
     allow_empty: Annotated[
         bool, typer.Option("--allow-empty", help="Accept an empty stdin as the value.")
@@ -215,7 +185,7 @@ def set_(
     key_file: KeyFile = None,
     timeout: Timeout = DEFAULT_TIMEOUT,
 ) -> None:
-    """Write a value (agent key only). Prints the new event id."""
+    """Write a value (agent key only) to every relay of the set. Prints the new event id."""
     slug = _slug(slug)
     if value == "-":
         value = read_capped(sys.stdin.buffer, STDIN_CAP, "stdin")
@@ -224,14 +194,8 @@ def set_(
                 "stdin is empty; pass --allow-empty to store an empty value, "
                 f"or use `engram mem rm {slug}` to delete it"
             )
-    body = _body(slug, value)
-    target = _target(relay, owner, key_file, None, timeout)
-
-    async def op(client: RelayClient) -> str:
-        base = await read_head(client, target.ident, slug)
-        return (await write(client, target.ident, body, base)).id
-
-    typer.echo(_run(target, op))
+    mem = memory(relay, owner, key_file, None, timeout)
+    _written(run(mem.set(slug, value)))
 
 
 @mem_app.command("hash")
@@ -245,9 +209,9 @@ def hash_(
 ) -> None:
     """Print the sha256 (hex) of the current value's bytes: the base for `patch`."""
     slug = _slug(slug)
-    target = _target(relay, owner, key_file, agent, timeout)
-    read = _run(target, lambda c: read_head(c, target.ident, slug))
-    typer.echo(sha256_hex(_found(read, slug)))
+    entry = run(memory(relay, owner, key_file, agent, timeout).get(slug))
+    report(entry.report)
+    typer.echo(entry.sha256)
 
 
 @mem_app.command()
@@ -287,46 +251,14 @@ def patch(
                 diff = read_capped(fh, PATCH_CAP, "patch")
         except OSError as exc:
             raise InputError(f"cannot read {file}: {exc.strerror or exc}") from exc
-    target = _target(relay, owner, key_file, None, timeout)
-
-    async def op(client: RelayClient) -> tuple[str, str | None]:
-        base = await read_head(client, target.ident, slug)
-        current = live_text(base) or ""
-        if expected is not None and sha256_hex(current) != expected:
-            raise ConflictError(
-                f"{slug}: base hash mismatch: the current value hashes to {sha256_hex(current)}"
-            )
-        result = apply_patch(current, diff)
-        if dry_run:
-            return result, None
-        event = await write(client, target.ident, _body(slug, result), base)
-        return result, event.id
-
-    result, event_id = _run(target, op)
-    if event_id is None:
-        _write_stdout(result)
-        typer.echo(f"sha256 {sha256_hex(result)} (dry run: nothing published)", err=True)
+    mem = memory(relay, owner, key_file, None, timeout)
+    result = run(mem.patch(slug, diff, expected, dry_run=dry_run))
+    if dry_run:
+        report(result.report)
+        _write_stdout(result.value or "")
+        typer.echo(f"sha256 {result.sha256} (dry run: nothing published)", err=True)
     else:
-        typer.echo(event_id)
-
-
-async def _list(client: RelayClient, target: Target) -> dict[str, Head]:
-    """All heads; warns on stderr when the listing may be cut by the relay's max_limit."""
-    try:
-        max_limit = max_limit_of(await fetch_nip11(target.url, target.timeout))
-    except RelayError as exc:
-        typer.echo(f"engram: warning: {exc}", err=True)
-        max_limit = None
-    heads, returned = await list_heads(client, target.ident, max_limit)
-    if max_limit is None:
-        typer.echo("engram: warning: no max_limit known; the listing may be partial", err=True)
-    elif returned >= max_limit:
-        typer.echo(
-            f"engram: warning: the relay returned its max_limit ({max_limit}) events; "
-            "the listing may be truncated",
-            err=True,
-        )
-    return heads
+        _written(result)
 
 
 @mem_app.command()
@@ -338,13 +270,17 @@ def ls(
     agent: Agent = None,
     timeout: Timeout = DEFAULT_TIMEOUT,
 ) -> None:
-    """List live memories: slug, event id, created_at (core and tombstones omitted)."""
-    target = _target(relay, owner, key_file, agent, timeout)
-    rows = listing(_run(target, lambda c: _list(c, target)))
+    """List live memories: slug, event id, created_at (core and tombstones omitted).
+
+    Complete: every relay is paged past its max_limit. `--json` prints the array of
+    entries; skipped events and lagging relays are reported on stderr either way.
+    """
+    listing = run(memory(relay, owner, key_file, agent, timeout).ls())
+    report(listing.report)
     if json_out:
-        typer.echo(msgspec.json.encode(rows).decode())
+        typer.echo(msgspec.json.encode(listing.entries).decode())
         return
-    for row in rows:
+    for row in listing.entries:
         typer.echo(f"{row.slug}\t{row.event_id}\t{row.created_at}")
 
 
@@ -360,14 +296,7 @@ def rm(
     slug = _slug(slug)
     if slug == CORE_SLUG:
         raise InputError("core cannot be removed; to clear it run: engram mem set core ''")
-    target = _target(relay, owner, key_file, None, timeout)
-
-    async def op(client: RelayClient) -> str:
-        base = await read_head(client, target.ident, slug)
-        _found(base, slug)
-        return (await write(client, target.ident, Tombstone(slug=slug), base)).id
-
-    typer.echo(_run(target, op))
+    _written(run(memory(relay, owner, key_file, None, timeout).rm(slug)))
 
 
 @mem_app.command()
@@ -384,17 +313,20 @@ def refs(
     A link is a slug in double square brackets inside a value or the profile. Nothing is
     deleted: orphans are shown so you can decide.
     """
-    target = _target(relay, owner, key_file, agent, timeout)
-    heads = _run(target, lambda c: _list(c, target))
-    profile = core_profile(heads)
-    values = {slug: body_text(h.body) for slug, h in heads.items()}
-    graph = reachability(profile, values)
-    if profile is None:
-        typer.echo("engram: warning: no core profile; every memory is an orphan", err=True)
+    graph = run(memory(relay, owner, key_file, agent, timeout).refs())
+    report(graph.report)
+    if not graph.has_core:
+        warn("no core profile; every memory is an orphan")
     if json_out:
         dangling = [{"from": source, "to": target} for source, target in graph.dangling]
-        report = {"reachable": graph.reachable, "orphans": graph.orphans, "dangling": dangling}
-        typer.echo(json.dumps(report))
+        out: dict[str, Any] = {
+            "reachable": graph.reachable,
+            "orphans": graph.orphans,
+            "dangling": dangling,
+        }
+        if graph.report.skipped_total:
+            out["skipped"] = _skipped(graph.report)
+        typer.echo(json.dumps(out))
         return
     for slug in graph.reachable:
         typer.echo(f"reachable\t{slug}")
@@ -402,3 +334,145 @@ def refs(
         typer.echo(f"orphan\t{slug}")
     for source, target in graph.dangling:
         typer.echo(f"dangling\t{target}\t(referenced by {source})")
+
+
+def _skipped(rep: SetReport) -> dict[str, int]:
+    return {"total": rep.skipped_total, **rep.skipped}
+
+
+@mem_app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="Text to find (case-insensitive).")],
+    regex: Annotated[bool, typer.Option("--regex", help="QUERY is a regular expression.")] = False,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most N results.")] = 20,
+    json_out: JsonFlag = False,
+    relay: Relay = None,
+    owner: Owner = None,
+    key_file: KeyFile = None,
+    agent: Agent = None,
+    timeout: Timeout = DEFAULT_TIMEOUT,
+) -> None:
+    """Search slugs and values after local decryption; the query never leaves this machine.
+
+    Prints slug, a one-line snippet around the match and created_at, best matches first.
+    """
+    mem = memory(relay, owner, key_file, agent, timeout)
+    matches = run(mem.search(query, regex=regex, limit=limit))
+    report(matches.report)
+    if json_out:
+        rows = [
+            {
+                "slug": m.slug,
+                "snippet": m.snippet,
+                "created_at": m.created_at,
+                "event_id": m.event_id,
+                "score": m.score,
+            }
+            for m in matches
+        ]
+        typer.echo(json.dumps({"matches": rows, "skipped": _skipped(matches.report)}))
+        return
+    for m in matches:
+        typer.echo(f"{m.slug}\t{m.snippet}\t{m.created_at}")
+
+
+def _per_relay(rows: dict[str, RelaySync], json_out: bool, extra: dict[str, Any]) -> None:
+    if json_out:
+        relays = {
+            url: {
+                "published": r.published,
+                "up_to_date": r.up_to_date,
+                "refused": r.refused,
+                "error": r.error,
+            }
+            for url, r in rows.items()
+        }
+        typer.echo(json.dumps({**extra, "relays": relays}))
+        return
+    for url, r in rows.items():
+        typer.echo(f"{url}\t{r.line()}")
+
+
+@mem_app.command()
+def sync(
+    json_out: JsonFlag = False,
+    relay: Relay = None,
+    owner: Owner = None,
+    key_file: KeyFile = None,
+    agent: Agent = None,
+    timeout: Timeout = 60.0,
+) -> None:
+    """Republish every head (memories, tombstones, core), exactly as signed, to each relay
+    of the set that lacks it. Idempotent; exit 2 if a relay could not be brought up to date."""
+    result = run(memory(relay, owner, key_file, agent, timeout).sync())
+    rep = result.report
+    for line in rep.warnings():
+        if "run `engram mem sync`" not in line:
+            warn(line)
+    _per_relay(result.relays, json_out, {"heads": result.heads, "skipped": _skipped(rep)})
+    if not result.ok:
+        raise typer.Exit(2)
+
+
+@mem_app.command()
+def migrate(
+    to: Annotated[str, typer.Option("--to", help="New relay URL(s), comma-separated.")],
+    json_out: JsonFlag = False,
+    relay: Relay = None,
+    owner: Owner = None,
+    key_file: KeyFile = None,
+    agent: Agent = None,
+    timeout: Timeout = 60.0,
+) -> None:
+    """Copy every head to the --to relays, read each back there and compare event ids.
+
+    Exit 2, naming the slugs, if any head is missing on a new relay. Idempotent.
+    """
+    result = run(memory(relay, owner, key_file, agent, timeout).migrate(to))
+    for line in result.report.warnings():
+        warn(line)
+    extra = {"heads": result.heads, "missing": result.missing, "skipped": _skipped(result.report)}
+    _per_relay(result.targets, json_out, extra)
+    if not result.ok:
+        for url, slugs in result.missing.items():
+            if slugs:
+                shown = ", ".join(slugs[:20]) + (", …" if len(slugs) > 20 else "")
+                warn(f"{url}: {len(slugs)} head(s) missing after the copy: {shown}")
+        fail("migration incomplete: some heads are missing on the new relays", 2)
+
+
+@mem_app.command("export")
+def export_(
+    file: Annotated[Path, typer.Argument(help="JSON-lines file to write (signed head events).")],
+    relay: Relay = None,
+    owner: Owner = None,
+    key_file: KeyFile = None,
+    agent: Agent = None,
+    timeout: Timeout = 60.0,
+) -> None:
+    """Back up every head event (ciphertext, as published) to FILE, one JSON event a line."""
+    result = run(memory(relay, owner, key_file, agent, timeout).export(file))
+    report(result.report)
+    typer.echo(f"exported {result.heads} head event(s) to {result.path}", err=True)
+
+
+@mem_app.command("import")
+def import_(
+    file: Annotated[Path, typer.Argument(help="A file written by `engram mem export`.")],
+    json_out: JsonFlag = False,
+    relay: Relay = None,
+    owner: Owner = None,
+    key_file: KeyFile = None,
+    agent: Agent = None,
+    timeout: Timeout = 60.0,
+) -> None:
+    """Republish the events of an export, unchanged, to every relay of the set."""
+    result = run(memory(relay, owner, key_file, agent, timeout).import_(file))
+    for line in result.report.warnings():
+        if "run `engram mem sync`" not in line:
+            warn(line)
+    _per_relay(
+        result.relays, json_out, {"events": result.events, "skipped": _skipped(result.report)}
+    )
+    if any(r.error is not None or r.refused for r in result.relays.values()):
+        raise typer.Exit(2)

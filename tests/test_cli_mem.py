@@ -329,14 +329,24 @@ async def test_concurrent_set_loser_reports_conflict(relay: RelayProcess, keys: 
     assert head.returncode == 0
 
 
-def test_ls_warns_when_max_limit_is_reached(start_relay, keys: Keys) -> None:  # type: ignore[no-untyped-def]
+def test_ls_pages_past_max_limit(start_relay, keys: Keys) -> None:  # type: ignore[no-untyped-def]
+    # Issue 13: a listing is no longer cut at max_limit; `until` paging lists everything.
     rp = start_relay(env={"ENGRAM_LIMITS_MAX_LIMIT": "3", "ENGRAM_LIMITS_DEFAULT_LIMIT": "2"})
     env = keys.agent_env(rp.url)
     ok(engram("mem", "set", "a", "1", env=env))
     ok(engram("mem", "set", "b", "2", env=env))
     quiet = engram("mem", "ls", env=env)
     assert ok(quiet).count(b"\n") == 2 and quiet.stderr == b""
-    ok(engram("mem", "set", "c", "3", env=env))
+    # at most two events per second: a page of three always gets past a second
+    now = int(time.time())
+    for i, slug in enumerate("cdefg"):
+        body = Memory(slug=f"mem/{slug}", value=slug)
+        event = build_event(
+            keys.agent_sk, keys.owner, body, now - 100 + i // 2, os.urandom(32), os.urandom(32)
+        )
+        asyncio.run(publish(rp.url, event))
     full = engram("mem", "ls", env=env)
-    assert ok(full).count(b"\n") == 3
-    assert b"truncated" in full.stderr and b"3" in full.stderr
+    assert [r.split(b"\t")[0] for r in ok(full).splitlines()] == [
+        f"mem/{s}".encode() for s in "abcdefg"
+    ]
+    assert full.stderr == b""
