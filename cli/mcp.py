@@ -9,20 +9,18 @@ or `--http` value ends the command with one line on stderr and exit code 1.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Annotated
 
 import typer
 
-from cli.identity import DEFAULT_RELAY, ENV_RELAY, InputError, load_identity
+from cli.identity import InputError, load_identity, relay_urls
 from cli.mem import DEFAULT_TIMEOUT
 from cli.mem import Agent as AgentOpt
 from cli.mem import KeyFile as KeyFileOpt
 from cli.mem import Owner as OwnerOpt
 from cli.mem import Relay as RelayOpt
 from cli.mem import Timeout as TimeoutOpt
-from cli.relayset import parse_relays
 
 DEFAULT_HTTP_HOST = "127.0.0.1"
 MCP_PATH = "/mcp"
@@ -73,7 +71,7 @@ def mcp_command(
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="engram mcp: %(message)s")
     try:
         ident = load_identity(key_file, owner, agent)
-        relays = parse_relays(relay or os.environ.get(ENV_RELAY) or DEFAULT_RELAY)
+        relays = relay_urls(relay)
         bind = parse_http(http) if http is not None else None
     except InputError as exc:
         typer.echo(f"engram: {' '.join(str(exc).split())}", err=True)
