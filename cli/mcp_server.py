@@ -115,7 +115,9 @@ NUDGE = (
 OWNER_NUDGE = "# Agent memory (engram)\n\nThis agent has no core profile yet."
 
 SlugArg = Annotated[str, Field(description="`notes/x` (`mem/` is added) or `core`.")]
-ValueArg = Annotated[str, Field(description="The whole new value (text).")]
+ValueArg = Annotated[
+    str, Field(description="The whole new value (text, at most 65,535 bytes).", max_length=65_535)
+]
 DiffArg = Annotated[
     str,
     Field(description="A one-file unified diff against the current value.", max_length=PATCH_CAP),
@@ -418,9 +420,14 @@ async def written(write: Awaitable[WriteResult], verb: str) -> CallToolResult:
     data: dict[str, Any] = {"slug": result.slug, "event_id": result.event_id}
     if result.sha256:
         data["sha256"] = result.sha256
-    if result.refused:
+    texts = [text]
+    if result.refused:  # written on some relays of the set, not on these
         data["refused"] = result.refused
-    return success([text], data, result.report)
+        said_no = {u: r for u, r in result.refused.items() if u not in result.report.failed}
+        if said_no:
+            where = "; ".join(f"{url}: {why}" for url, why in said_no.items())
+            texts.append(f"note: not written on {where}")
+    return success(texts, data, result.report)
 
 
 def _version() -> str:

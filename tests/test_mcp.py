@@ -35,6 +35,8 @@ from mcp.types import CallToolResult
 from nostr_client import Client as NostrClient
 from relay_fixtures import RelayProcess, free_port
 
+from cli.identity import InputError
+from cli.mcp import parse_http
 from engram.nip01 import Event, pubkey_of
 from engram.nip19 import nsec
 
@@ -298,6 +300,7 @@ async def test_every_tool_round_trips(
         await server.error("memory_delete", "bad_input", slug="core")
         await server.error("memory_get", "bad_input", slug="Not A Slug")
         await server.error("memory_set", "bad_input", slug="big", value="x" * 70_000)
+        await server.error("memory_set", "bad_input", slug="big", value="é" * 40_000)
         await server.error("memory_get", "bad_input")
         await server.error("memory_patch", "bad_input", slug="notes/x", diff=diff, base_hash="ab")
         bad_diff = "--- a\n+++ b\n@@ -1 +1 @@\n-nope\n+yes\n"
@@ -478,3 +481,26 @@ async def test_no_private_key_in_anything_the_server_prints(
     assert pubkey_of(keys.agent_sk) not in secrets_of(keys.agent_sk)  # sanity of the check
     for form in [*secrets_of(keys.agent_sk, keys.owner_sk), keys.agent_sk.hex()[:-2]]:
         assert form not in everything
+
+
+def test_http_address_forms() -> None:
+    assert parse_http("8765") == ("127.0.0.1", 8765)
+    assert parse_http("0.0.0.0:80") == ("0.0.0.0", 80)
+    assert parse_http("[::1]:8765") == ("::1", 8765)
+    assert parse_http(":8765") == ("127.0.0.1", 8765)
+    for bad in ("", "host", "host:", "host:0", "host:65536", "host:http"):
+        with pytest.raises(InputError):
+            parse_http(bad)
+
+
+def test_start_up_errors_are_one_line_exit_1(keys: Keys) -> None:
+    env = keys.agent_env("ws://127.0.0.1:1")
+    for args, env_ in [
+        (("--http", "nope"), env),
+        (("--relay", "http://not-a-relay"), env),
+        ((), clean_env(ENGRAM_OWNER=keys.owner)),  # no key at all
+    ]:
+        failed = engram("mcp", *args, env=env_)
+        assert failed.returncode == 1, failed.stderr
+        assert failed.stdout == b""
+        assert failed.stderr.startswith(b"engram: ") and failed.stderr.count(b"\n") == 1
