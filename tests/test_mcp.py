@@ -296,6 +296,12 @@ async def test_every_tool_round_trips(
         listed = await server.ok("memory_list")
         assert [r["slug"] for r in listed.structured_content["memories"]] == ["mem/notes/x"]
 
+        # exact bytes both ways, up to the size limit
+        for odd in ("héllo\r\nwörld 🎉\n\n", "", "x" * 65_000):
+            await server.ok("memory_set", slug="odd", value=odd)
+            got = await server.ok("memory_get", slug="odd")
+            assert got.content[0].text == odd and got.structured_content["sha256"] == sha(odd)
+
         # bad input: refused before anything is sent, one coded line each
         await server.error("memory_delete", "bad_input", slug="core")
         await server.error("memory_get", "bad_input", slug="Not A Slug")
