@@ -17,7 +17,6 @@ signed event to every relay; they succeed when at least one relay accepts it. Er
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import time
@@ -41,6 +40,7 @@ from cli.identity import Identity
 from cli.paging import Fetched, fetch_all
 from cli.patch import PatchError, apply_patch
 from cli.relayset import RelaySession, parse_relays
+from cli.search import Match, search_heads
 from engram import (
     CORE_SLUG,
     FUTURE_SKEW_MAX,
@@ -99,7 +99,6 @@ SKIP_REASONS = {
     4: "slug mismatch",
     5: "bad body",
 }
-SNIPPET = 80  # characters of context in a search result
 
 
 def sha256_hex(text: str) -> str:
@@ -211,17 +210,6 @@ class Refs:
     report: SetReport
 
 
-@dataclass(frozen=True)
-class Match:
-    """One search hit: a one-line snippet around the match, best matches first."""
-
-    slug: str
-    snippet: str
-    created_at: int
-    event_id: str
-    score: int
-
-
 class Matches(list[Match]):
     """The search hits (a list) plus the `report` of the reads behind them."""
 
@@ -322,12 +310,27 @@ class _Checker:
         return result
 
     def heads(self, events: Iterable[Event]) -> dict[str, Head]:
-        """slug -> head among `events` (spec: *Head selection*)."""
-        groups: dict[str, list[Head]] = {}
+        """slug -> head among `events` (spec: *Head selection*).
+
+        A valid event's slug re-derives to its `d` (rule 4), so grouping by `d` is grouping
+        by slug: each group is tried newest first (ties: lowest id) and the first valid
+        event is the head. Older versions are never decrypted, which keeps a relay that
+        returns every historical version as cheap as one that keeps only heads; every
+        event tried and found invalid is counted.
+        """
+        groups: dict[str, list[Event]] = {}
         for event in events:
-            if (h := self.head(event)) is not None:
-                groups.setdefault(h.body.slug, []).append(h)
-        return {slug: _pick(group) for slug, group in groups.items()}
+            ds = [t[1] for t in event.tags if len(t) >= 2 and t[0] == "d"]
+            groups.setdefault(ds[0] if len(ds) == 1 else "", []).append(event)
+        out: dict[str, Head] = {}
+        for d, group in groups.items():
+            group.sort(key=lambda e: (-e.created_at, e.id))
+            for event in group:
+                if (h := self.head(event)) is not None:
+                    out[h.body.slug] = h
+                    if d:
+                        break
+        return out
 
 
 def _pick(heads: list[Head]) -> Head:
@@ -614,8 +617,6 @@ class AgentMemory:
     async def search(self, query: str, *, regex: bool = False, limit: int = 20) -> Matches:
         """Slugs and values matching `query` (case-insensitive), searched after local
         decryption; the query never leaves this process."""
-        from cli.search import search_heads
-
         try:
             pattern = re.compile(query if regex else re.escape(query), re.IGNORECASE)
         except re.error as exc:
@@ -877,11 +878,3 @@ class AgentMemory:
             return ImportReport(len(from_file), relays, report)
         finally:
             await session.close()
-
-
-def entries_json(entries: list[ListingEntry]) -> str:
-    return msgspec.json.encode(entries).decode()
-
-
-def report_json(report: SetReport) -> str:
-    return json.dumps(report.as_json())

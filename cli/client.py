@@ -170,6 +170,10 @@ class RelayClient:
         events: list[Event] = []
         while True:
             msg = await self._recv()
+            if msg[0] == "AUTH" and self._should_auth():
+                # Challenged mid-request: this answer would be the unauthenticated one.
+                await self._send(["CLOSE", sub_id])
+                return events, None
             if len(msg) < 2 or msg[1] != sub_id:
                 if msg[0] == "OK" and len(msg) >= 3 and isinstance(msg[1], str):
                     self._oks[msg[1]] = (bool(msg[2]), str(msg[3]) if len(msg) > 3 else "")
@@ -242,7 +246,8 @@ class RelayClient:
             await self._send(["EVENT", event])
             pending.append(event.id)
             if len(pending) >= window:
-                results[pending[0]] = await self._wait_ok(pending.pop(0))
+                oldest = pending.pop(0)
+                results[oldest] = await self._wait_ok(oldest)
         for event_id in pending:
             results[event_id] = await self._wait_ok(event_id)
         return results

@@ -29,6 +29,7 @@ T = TypeVar("T")
 STDIN_CAP = 65_535  # the NIP-44 plaintext limit: no value can be longer than this
 PATCH_CAP = 1 << 20
 DEFAULT_TIMEOUT = 10.0
+LIST_TIMEOUT = 60.0  # ls, refs, search: a complete listing may take many pages per relay
 InputError = BadInputError
 
 
@@ -121,9 +122,16 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-def report(rep: SetReport) -> None:
-    """Everything the user should know about the relays, on stderr."""
-    for line in rep.warnings():
+def report(rep: SetReport, as_json: bool = False, drop_sync_hint: bool = False) -> None:
+    """Everything the user should know about the relays, on stderr: warning lines, or with
+    `--json` one JSON object (`{"report": {"failed", "behind", "incomplete", "skipped", …}}`)
+    when there is anything to say."""
+    lines = [w for w in rep.warnings() if not (drop_sync_hint and "engram mem sync" in w)]
+    if as_json:
+        if lines:
+            typer.echo(json.dumps({"report": rep.as_json()}), err=True)
+        return
+    for line in lines:
         warn(line)
 
 
@@ -268,15 +276,15 @@ def ls(
     owner: Owner = None,
     key_file: KeyFile = None,
     agent: Agent = None,
-    timeout: Timeout = DEFAULT_TIMEOUT,
+    timeout: Timeout = LIST_TIMEOUT,
 ) -> None:
     """List live memories: slug, event id, created_at (core and tombstones omitted).
 
     Complete: every relay is paged past its max_limit. `--json` prints the array of
-    entries; skipped events and lagging relays are reported on stderr either way.
+    entries, and skipped events and lagging relays as one JSON object on stderr.
     """
     listing = run(memory(relay, owner, key_file, agent, timeout).ls())
-    report(listing.report)
+    report(listing.report, json_out)
     if json_out:
         typer.echo(msgspec.json.encode(listing.entries).decode())
         return
@@ -306,7 +314,7 @@ def refs(
     owner: Owner = None,
     key_file: KeyFile = None,
     agent: Agent = None,
-    timeout: Timeout = DEFAULT_TIMEOUT,
+    timeout: Timeout = LIST_TIMEOUT,
 ) -> None:
     """Reachability from core through its slug links: reachable, orphans, dangling.
 
@@ -314,7 +322,7 @@ def refs(
     deleted: orphans are shown so you can decide.
     """
     graph = run(memory(relay, owner, key_file, agent, timeout).refs())
-    report(graph.report)
+    report(graph.report, json_out)
     if not graph.has_core:
         warn("no core profile; every memory is an orphan")
     if json_out:
@@ -350,7 +358,7 @@ def search(
     owner: Owner = None,
     key_file: KeyFile = None,
     agent: Agent = None,
-    timeout: Timeout = DEFAULT_TIMEOUT,
+    timeout: Timeout = LIST_TIMEOUT,
 ) -> None:
     """Search slugs and values after local decryption; the query never leaves this machine.
 
@@ -358,7 +366,7 @@ def search(
     """
     mem = memory(relay, owner, key_file, agent, timeout)
     matches = run(mem.search(query, regex=regex, limit=limit))
-    report(matches.report)
+    report(matches.report, json_out)
     if json_out:
         rows = [
             {
@@ -402,13 +410,14 @@ def sync(
     agent: Agent = None,
     timeout: Timeout = 60.0,
 ) -> None:
-    """Republish every head (memories, tombstones, core), exactly as signed, to each relay
-    of the set that lacks it. Idempotent; exit 2 if a relay could not be brought up to date."""
+    """Give each relay of the set every head it lacks, republished exactly as signed.
+
+    Heads are memories, tombstones and core. Idempotent; one summary line per relay; exit 2
+    if a relay could not be brought up to date.
+    """
     result = run(memory(relay, owner, key_file, agent, timeout).sync())
     rep = result.report
-    for line in rep.warnings():
-        if "run `engram mem sync`" not in line:
-            warn(line)
+    report(rep, json_out, drop_sync_hint=True)
     _per_relay(result.relays, json_out, {"heads": result.heads, "skipped": _skipped(rep)})
     if not result.ok:
         raise typer.Exit(2)
@@ -429,8 +438,7 @@ def migrate(
     Exit 2, naming the slugs, if any head is missing on a new relay. Idempotent.
     """
     result = run(memory(relay, owner, key_file, agent, timeout).migrate(to))
-    for line in result.report.warnings():
-        warn(line)
+    report(result.report, json_out)
     extra = {"heads": result.heads, "missing": result.missing, "skipped": _skipped(result.report)}
     _per_relay(result.targets, json_out, extra)
     if not result.ok:
@@ -468,9 +476,7 @@ def import_(
 ) -> None:
     """Republish the events of an export, unchanged, to every relay of the set."""
     result = run(memory(relay, owner, key_file, agent, timeout).import_(file))
-    for line in result.report.warnings():
-        if "run `engram mem sync`" not in line:
-            warn(line)
+    report(result.report, json_out, drop_sync_hint=True)
     _per_relay(
         result.relays, json_out, {"events": result.events, "skipped": _skipped(result.report)}
     )

@@ -69,7 +69,13 @@ class RelaySession:
         if not tasks:
             return {}
         remaining = self._deadline - asyncio.get_running_loop().time()
-        _done, pending = await asyncio.wait(tasks.values(), timeout=max(remaining, 0))
+        try:
+            _done, pending = await asyncio.wait(tasks.values(), timeout=max(remaining, 0))
+        except BaseException:  # the caller gave up: leave nothing running behind it
+            for task in tasks.values():
+                task.cancel()
+                task.add_done_callback(_retrieve)
+            raise
         results: dict[str, T] = {}
         for url, task in tasks.items():
             if task in pending:

@@ -4,10 +4,22 @@ query is matched here, after decryption, and never sent anywhere."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from engram import Head, Tombstone, body_text
 
 SNIPPET = 80  # characters of context shown around a match
+
+
+@dataclass(frozen=True)
+class Match:
+    """One search hit: a one-line snippet around the match; higher `score` ranks first."""
+
+    slug: str
+    snippet: str
+    created_at: int
+    event_id: str
+    score: int
 
 
 def _one_line(text: str) -> str:
@@ -21,14 +33,12 @@ def snippet(text: str, start: int, end: int, width: int = SNIPPET) -> str:
     return ("…" if lo else "") + _one_line(text[lo:hi]) + ("…" if hi < len(text) else "")
 
 
-def search_heads(heads: dict[str, Head], pattern: re.Pattern[str], limit: int) -> list:  # type: ignore[type-arg]
+def search_heads(heads: dict[str, Head], pattern: re.Pattern[str], limit: int) -> list[Match]:
     """Live heads (core included) whose slug or text matches, best first.
 
     Score: a match in the slug counts 10, each match in the text 1 (up to 10); ties go
     to the newer entry, then the slug.
     """
-    from cli.agent_memory import Match
-
     found: list[Match] = []
     for slug, head in heads.items():
         if isinstance(head.body, Tombstone):

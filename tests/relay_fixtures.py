@@ -97,8 +97,9 @@ def launch_relay(
     env: dict[str, str] | None = None,
     args: tuple[str, ...] = (),
     scheme: str = "ws",
+    port: int | None = None,
 ) -> RelayProcess:
-    port = free_port()
+    port = port or free_port()
     log_path = os.path.join(tmp_dir, f"relay-{port}.log")
     full_env = {**os.environ, **(env or {})}
     full_env.pop("ENGRAM_CONFIG", None)
@@ -126,7 +127,9 @@ def launch_relay(
 
 @pytest.fixture
 def start_relay(pg_server_url: str, tmp_path) -> Iterator[Callable[..., RelayProcess]]:
-    """Factory: start_relay(env={...}, args=(...), database_url=None) -> RelayProcess."""
+    """Factory: start_relay(env={...}, args=(...), database_url=None, port=None) -> RelayProcess.
+
+    Passing a stopped relay's `database_url` and `port` restarts it at the same URL."""
     started: list[RelayProcess] = []
 
     def start(
@@ -134,9 +137,10 @@ def start_relay(pg_server_url: str, tmp_path) -> Iterator[Callable[..., RelayPro
         args: tuple[str, ...] = (),
         database_url: str | None = None,
         scheme: str = "ws",
+        port: int | None = None,
     ) -> RelayProcess:
         url = database_url or create_database_sync(pg_server_url)
-        rp = launch_relay(url, str(tmp_path), env, args, scheme)
+        rp = launch_relay(url, str(tmp_path), env, args, scheme, port)
         started.append(rp)
         return rp
 

@@ -8,7 +8,14 @@ import pytest
 from cli_support import Keys, shared_relay
 from relay_fixtures import RelayProcess
 
-from cli.agent_memory import AgentMemory, ConflictError, NotFoundError, sha256_hex
+from cli.agent_memory import (
+    AgentMemory,
+    AuthError,
+    ConflictError,
+    NotFoundError,
+    RelayError,
+    sha256_hex,
+)
 from cli.errors import BadInputError
 from cli.identity import load_identity
 
@@ -60,3 +67,47 @@ async def test_api_lifecycle_on_one_relay(relay: RelayProcess) -> None:
     with pytest.raises(BadInputError):
         await reader.set("notes/y", "no")
     assert (await agent(Keys.fresh(), [relay.url]).core()).status == "absent"
+
+
+def test_one_exception_class_per_exit_code() -> None:
+    from cli import errors
+
+    table = {
+        errors.BadInputError: ("bad_input", 1),
+        errors.NotFoundError: ("not_found", 1),
+        errors.RelayError: ("relay", 2),
+        errors.AuthError: ("auth", 3),
+        errors.AgentMemoryError: ("error", 4),
+        errors.ConflictError: ("conflict", 5),
+    }
+    for cls, (code, exit_code) in table.items():
+        assert issubclass(cls, errors.AgentMemoryError)
+        assert (cls.code, cls.exit_code) == (code, exit_code)
+
+
+async def test_api_errors_carry_codes_and_no_secrets() -> None:
+    from cli_support import closed_port, fake_relay
+
+    keys = Keys.fresh()
+    with pytest.raises(RelayError) as down:
+        await agent(keys, [f"ws://127.0.0.1:{closed_port()}"]).get("x")
+    assert (down.value.code, down.value.exit_code) == ("relay", 2)
+
+    async def refuse(ws) -> None:  # type: ignore[no-untyped-def]
+        await ws.send('["AUTH","c"]')
+        async for raw in ws:
+            if raw.startswith('["AUTH"'):
+                eid = raw.split('"id":"')[1][:64]
+                await ws.send(f'["OK","{eid}",false,"restricted: not you"]')
+
+    async with fake_relay(refuse) as url:
+        with pytest.raises(AuthError) as refused:
+            await agent(keys, [url]).set("x", "secret value")
+    assert (refused.value.code, refused.value.exit_code) == ("auth", 3)
+    for exc in (down.value, refused.value):
+        assert keys.agent_sk.hex() not in str(exc) and "secret value" not in str(exc)
+    with pytest.raises(BadInputError) as bad:
+        await agent(keys, ["ws://127.0.0.1:1"]).get("Not A Slug")
+    assert (bad.value.code, bad.value.exit_code) == ("bad_input", 1)
+    with pytest.raises(BadInputError):
+        AgentMemory(agent(keys, ["ws://x:1"]).identity, "http://not-a-relay")
