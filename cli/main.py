@@ -12,6 +12,7 @@ import typer
 from cli import data
 from cli.acp import ACP_CONTEXT_SETTINGS, acp_command
 from cli.common import ConfigOpt, DatabaseOpt, DataDirOpt, resolve_database_url, settings_or_exit
+from cli.mcp import mcp_command
 from cli.mem import mem_app
 from cli.ops import config_app, keygen
 from cli.tenant import tenant_app
@@ -29,6 +30,7 @@ app.add_typer(tenant_app, name="tenant")
 app.add_typer(config_app, name="config")
 app.command("acp", context_settings=ACP_CONTEXT_SETTINGS)(acp_command)
 app.command("keygen")(keygen)
+app.command("mcp")(mcp_command)
 app.command("export")(data.export)
 app.command("import")(data.import_)
 app.command("prune")(data.prune)
