@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from engram import KIND_ENGRAM as KIND_ENGRAM  # re-exported: relay code imports it here
+from relay.durations import parse_duration
 from relay.ratelimit import RateLimits
 
 KIND_AUTH = 22242  # NIP-42
@@ -51,8 +52,6 @@ class Retention(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         if self.older_than:  # ValueError here becomes a ConfigError naming the setting
-            from relay.retention import parse_duration
-
             parse_duration(self.older_than)
             parse_duration(self.interval)
             if self.batch < 1:

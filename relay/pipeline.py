@@ -21,6 +21,7 @@ from relay.bus import EventBus
 from relay.config import Limits, Settings
 from relay.fanout import FanOut
 from relay.filters import Filter, FilterError, parse_filter
+from relay.hosts import host_of
 from relay.ratelimit import ConnectionAllowance, RateLimiter
 from relay.session import Session
 from relay.store import EventStore, SaveResult, SaveStatus, StoreError
@@ -307,7 +308,7 @@ class Relay:
     # -- AUTH -------------------------------------------------------------------
 
     def authenticate(self, session: Session, tenant: Tenant, event: Event) -> bytes:
-        hosts = tenant.hosts or frozenset([policy.host_of(session.host)])
+        hosts = tenant.hosts or frozenset([host_of(session.host)])
         why = policy.check_auth_event(
             event, session.challenge, hosts, int(self.clock()), self.settings.auth_window_seconds
         )
