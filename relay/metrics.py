@@ -14,7 +14,15 @@ Metric names (all prefixed `engram_`):
   req_duration_seconds{tenant}          REQ received -> EOSE (its _count: REQs answered)
   live_events_total{tenant}             live event frames fanned out to subscriptions
   slow_consumers_total                  connections dropped for not reading fast enough
+  slow_consumer_drops_total{reason}     ... by reason: stalled | cap | budget
   dropped_frames_total                  frames discarded with those connections
+  pending_overflows_total               subscriptions closed: live events overflowed the
+                                        buffer kept while their stored read ran
+  send_queue_bytes                      output queued for readers now (all connections)
+  send_queue_bytes_peak                 the most ever queued at once (all connections)
+  send_queue_connection_bytes_peak      the most one connection ever had queued
+  send_queue_budget_bytes               the budget for all connections together
+  live_tail_delay_seconds               how far the cross-node live tail lags (0: current)
   write_batch_size                      events per group-commit transaction
   write_commit_seconds                  time to write (and commit) one batch
   db_pool_connections{state}            database pool: in_use, idle, max
@@ -87,6 +95,20 @@ LIVE_EVENTS = Counter(
 SLOW_CONSUMERS = Counter(
     "engram_slow_consumers_total",
     "Connections disconnected because their send queue overflowed.",
+    registry=REGISTRY,
+)
+SLOW_CONSUMER_DROPS = Counter(
+    "engram_slow_consumer_drops_total",
+    "Slow consumers disconnected, by reason: stalled (queue did not shrink for"
+    " slow_consumer_seconds), cap (send_queue_bytes), budget (send_queue_budget_bytes).",
+    ["reason"],
+    registry=REGISTRY,
+)
+_DROPS = {r: SLOW_CONSUMER_DROPS.labels(r) for r in ("stalled", "cap", "budget")}
+PENDING_OVERFLOWS = Counter(
+    "engram_pending_overflows_total",
+    "Subscriptions closed because live events overflowed the buffer kept while their"
+    " stored read ran.",
     registry=REGISTRY,
 )
 DROPPED_FRAMES = Counter(
@@ -193,10 +215,18 @@ def connection_closed(tenant: str) -> None:
         pair[0].dec()
 
 
-def slow_consumer(dropped: int) -> None:
+def slow_consumer(dropped: int, reason: str) -> None:
     SLOW_CONSUMERS.inc()
+    child = _DROPS.get(reason)
+    if child is None:
+        child = _DROPS[reason] = SLOW_CONSUMER_DROPS.labels(reason)
+    child.inc()
     if dropped:
         DROPPED_FRAMES.inc(dropped)
+
+
+def pending_overflow() -> None:
+    PENDING_OVERFLOWS.inc()
 
 
 def live_sent(tenant: str, frames: int) -> None:
@@ -222,6 +252,8 @@ class _StateCollector:
     def __init__(self) -> None:
         self.relays: weakref.WeakSet[Any] = weakref.WeakSet()
         self.pools: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self.outputs: weakref.WeakSet[Any] = weakref.WeakSet()  # relay.sendqueue budgets
+        self.tails: weakref.WeakSet[Any] = weakref.WeakSet()  # live buses (delay())
         self.version = "0.0.0"
 
     def describe(self) -> list[Any]:
@@ -254,6 +286,32 @@ class _StateCollector:
         pool.add_metric(["idle"], idle)
         pool.add_metric(["max"], size_max)
         yield pool
+        yield from self.collect_output()
+
+    def collect_output(self) -> Iterator[Any]:
+        """Queued output and the live tail's delay (relay.sendqueue, relay.store.pgbus)."""
+        outputs = list(self.outputs)
+        for name, doc, value in (
+            ("engram_send_queue_bytes", "Output queued for readers now.", "total"),
+            ("engram_send_queue_bytes_peak", "The most output ever queued at once.", "peak_total"),
+            (
+                "engram_send_queue_connection_bytes_peak",
+                "The most output one connection ever had queued.",
+                "peak_connection",
+            ),
+            ("engram_send_queue_budget_bytes", "Budget for all queued output.", "limit"),
+        ):
+            family = GaugeMetricFamily(name, doc)
+            values = [getattr(o, value) for o in outputs]
+            agg = max if "peak" in value else sum
+            family.add_metric([], agg(values) if values else 0)
+            yield family
+        tail = GaugeMetricFamily(
+            "engram_live_tail_delay_seconds",
+            "How long the cross-node live tail has been held back (0 when current).",
+        )
+        tail.add_metric([], max((t.delay() for t in list(self.tails)), default=0.0))
+        yield tail
 
 
 _STATE = _StateCollector()
@@ -264,6 +322,16 @@ def bind(relay: Any, version: str) -> None:
     """Report a Relay's subscriptions at scrape time."""
     _STATE.relays.add(relay)
     _STATE.version = version
+
+
+def watch_output(budget: Any) -> None:
+    """Report a relay.sendqueue budget's queued bytes and peaks at scrape time."""
+    _STATE.outputs.add(budget)
+
+
+def watch_tail(bus: Any) -> None:
+    """Report a live bus's delay (its `delay()`) at scrape time."""
+    _STATE.tails.add(bus)
 
 
 def watch_pool(owner: Any, pool: Any) -> None:

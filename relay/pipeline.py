@@ -98,7 +98,7 @@ class Relay:
     def rate_limited(self, session: Session, msg: wire.Message) -> bytes | None:
         """The reply refusing a message over the connection's or address's rate, if any."""
         allow = session.allowance
-        if allow is None:
+        if allow is None or allow.exempt:  # loopback (relay.ratelimit.RateLimiter.exempt)
             return None
         now = self.clock()
         why = RateLimiter.check_message(allow, now)
@@ -298,6 +298,8 @@ class Relay:
         if not fanout.is_current(sub):
             return  # closed or replaced while the query ran
         for raw in rows:
+            if not fanout.is_current(sub):  # closed meanwhile (CLOSE, or live overflow)
+                return
             await session.send_wait(wire.event_frame(sub.prefix, raw))
         if not fanout.is_current(sub):
             return

@@ -88,6 +88,11 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
         out.append(payload)
         self._out_bytes += len(payload)
 
+    def abort(self) -> None:
+        """Cut the connection now, discarding unsent output (a reader that stopped)."""
+        self._out, self._out_bytes = [], 0
+        self.transport.abort()
+
     def flush(self) -> None:
         out, self._out = self._out, []
         self._out_bytes = 0
