@@ -32,6 +32,9 @@ Metric names (all prefixed `engram_`):
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import time
 import weakref
 from collections import defaultdict
@@ -62,7 +65,11 @@ ProcessCollector(registry=REGISTRY)
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 CONNECTIONS = Gauge(
-    "engram_connections", "Open websocket connections.", ["tenant"], registry=REGISTRY
+    "engram_connections",
+    "Open websocket connections.",
+    ["tenant"],
+    registry=REGISTRY,
+    multiprocess_mode="livesum",  # `engram serve --workers N`: the sum of the live workers
 )
 CONNECTIONS_TOTAL = Counter(
     "engram_connections_accepted_total",
@@ -343,8 +350,78 @@ def watch_pool(owner: Any, pool: Any) -> None:
 
 
 def render() -> bytes:
-    """The registry in the Prometheus text format."""
+    """The registry in the Prometheus text format: the whole relay, whichever worker of
+    `engram serve --workers N` answers (see `multiprocess`)."""
+    if MULTIPROCESS:
+        return multiprocess_render()
     return generate_latest(REGISTRY)
+
+
+# --- several worker processes -----------------------------------------------------------
+#
+# With PROMETHEUS_MULTIPROC_DIR set (`engram serve --workers N` sets it) prometheus_client
+# keeps counters, histograms and gauges in files shared by the workers, and a scrape sums
+# them. The scrape-time gauges (subscriptions, pool, queued output, tail delay) live in
+# each worker's memory, so every worker mirrors them into such gauges once a second (and
+# the answering worker right before it renders): sums, or maxima for peaks and delays.
+
+MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+MIRROR_SECONDS = 1.0
+_mirrors: dict[str, Gauge] = {}
+
+
+def _mirror_mode(name: str) -> str:
+    if name == "engram_build_info":
+        return "max"
+    return "livemax" if name.endswith("_peak") or "delay" in name else "livesum"
+
+
+def mirror_state() -> None:
+    """Copy this worker's scrape-time gauges into the shared (file-backed) ones."""
+    for family in _STATE.collect():
+        for sample in family.samples:
+            gauge = _mirrors.get(sample.name)
+            if gauge is None:
+                gauge = _mirrors[sample.name] = Gauge(
+                    sample.name,
+                    family.documentation,
+                    list(sample.labels),
+                    registry=None,
+                    multiprocess_mode=_mirror_mode(sample.name),  # type: ignore[arg-type]
+                )
+            (gauge.labels(*sample.labels.values()) if sample.labels else gauge).set(sample.value)
+
+
+def multiprocess_render() -> bytes:
+    from prometheus_client import multiprocess
+
+    mirror_state()
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return generate_latest(registry)
+
+
+async def _mirror_forever() -> None:
+    while True:
+        with contextlib.suppress(Exception):
+            mirror_state()
+        await asyncio.sleep(MIRROR_SECONDS)
+
+
+def start_worker() -> asyncio.Task[None] | None:
+    """In a worker of several: keep this worker's gauges mirrored; None otherwise."""
+    return asyncio.create_task(_mirror_forever()) if MULTIPROCESS else None
+
+
+def stop_worker(task: asyncio.Task[None] | None) -> None:
+    """The worker is leaving: its live gauges stop counting."""
+    if task is None:
+        return
+    task.cancel()
+    from prometheus_client import multiprocess
+
+    with contextlib.suppress(Exception):
+        multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
 
 def _sum(metric: Any, sample: str, **labels: str) -> float:
