@@ -42,12 +42,13 @@ class Connection(OutputQueue):
         self.ws = ws
         # the server's direct send path (relay.wsserver), when it offers one
         self.direct: Any = ws.scope.get("extensions", {}).get(DIRECT)
+        self.sending = False  # the writer holds a frame it has not handed over yet
 
     def _send_direct(self, frame: bytes) -> bool:
         """Hand the frame to the socket now, if nothing is queued ahead of it and the
         socket is taking data; otherwise the queue keeps order and applies backpressure."""
         direct = self.direct
-        if direct is not None and not self.frames and direct.can_send():
+        if direct is not None and not self.frames and not self.sending and direct.can_send():
             direct.send_text_now(frame)
             return True
         return False
@@ -70,7 +71,9 @@ class Connection(OutputQueue):
             await self.wait_frames()
             if self.dropped is not None:
                 return
+            self.sending = True  # later frames queue behind this one (order)
             await send({"type": "websocket.send", "text": self.pop().decode()})
+            self.sending = False
 
     async def goodbye(self) -> None:
         """After a drop: a NOTICE and a close frame if the socket takes them in time, then
