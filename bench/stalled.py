@@ -102,8 +102,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=2000, help="events in the burst")
     parser.add_argument("--size", type=int, default=16_000, help="content bytes per event")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the relay")
+    parser.add_argument("--log", help="keep the relay's log at this path")
     args = parser.parse_args(argv)
-    env = {"ENGRAM_LOG_LEVEL": "error", **dict(kv.split("=", 1) for kv in args.env)}
+    env = {
+        "ENGRAM_LOG_LEVEL": "error",
+        # no ping timeout mid-run: only the slow-consumer policy closes the subscribers
+        "ENGRAM_PING_INTERVAL_SECONDS": "3600",
+        **dict(kv.split("=", 1) for kv in args.env),
+    }
+    sk = bytes(31) + b"\x07"
+    flt = {"authors": [pubkey_of(sk)]}
+    now = int(time.time())
+    events = [
+        b'["EVENT",'
+        + encode_event(sign_event(sk, now, 1, [], f"{i:06d}" + "z" * args.size, bytes(32)))
+        + b"]"
+        for i in range(args.events)
+    ]
     workdir = Path(tempfile.mkdtemp(prefix="engram-stalled-"))
     relay = start_engram(workdir, ["--data-dir", str(workdir / "data")], env)
     port = int(relay.url.rsplit(":", 1)[1])
@@ -112,15 +127,6 @@ def main(argv: list[str] | None = None) -> int:
         proc = psutil.Process(relay.pid)
         mb = lambda n: n / MIB  # noqa: E731
         print(f"relay RSS at start: {mb(proc.memory_info().rss):.1f} MiB")
-        sk = bytes(31) + b"\x07"
-        flt = {"authors": [pubkey_of(sk)]}
-        now = int(time.time())
-        events = [
-            b'["EVENT",'
-            + encode_event(sign_event(sk, now, 1, [], f"{i:06d}" + "z" * args.size, bytes(32)))
-            + b"]"
-            for i in range(args.events)
-        ]
         socks = [stalled_socket(port, flt) for _ in range(args.subscribers)]
         time.sleep(1.0)
         print(
@@ -147,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             m = scrape(port)
-            if m.get("engram_slow_consumers_total", 0) >= args.subscribers:
+            if m.get('engram_connections{tenant="default"}', 0) == 0:  # all gone
                 break
             time.sleep(0.5)
         watch.done.set()
@@ -164,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in socks:
             s.close()
         relay.stop()
+        if args.log:
+            shutil.copy(workdir / "relay.log", args.log)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
