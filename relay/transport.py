@@ -92,11 +92,12 @@ class Connection(OutputQueue):
 
 
 def client_ip(ws: WebSocket, trust_forwarded_for: bool) -> str:
-    """The peer address; behind a trusted proxy, the first X-Forwarded-For entry."""
+    """The peer address; behind a trusted proxy, the last X-Forwarded-For entry: the one
+    the proxy appended (earlier entries come from the client and could be anything)."""
     if trust_forwarded_for:
         forwarded = ws.headers.get("x-forwarded-for", "")
         if forwarded:
-            return forwarded.split(",")[0].strip()
+            return forwarded.rsplit(",", 1)[-1].strip()
     return ws.client.host if ws.client else ""
 
 
