@@ -100,3 +100,26 @@ async def test_loopback_is_exempt_without_a_proxy(start_relay):
         assert all(m[0] == "EOSE" for m in ends.values()), [
             m for m in ends.values() if m[0] != "EOSE"
         ][:3]
+
+
+async def test_nip11_omits_limits_that_are_not_enforced(start_relay):
+    """`created_at_lower_limit: 0` would read as "nothing older than now" while events of
+    any age are accepted: by default it is absent; configured, it is shown and enforced."""
+    import json
+    import urllib.request
+
+    def limitation(rp) -> dict:
+        req = urllib.request.Request(rp.http_url, headers={"Accept": "application/nostr+json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())["limitation"]
+
+    rp = start_relay()
+    lim = limitation(rp)
+    assert "created_at_lower_limit" not in lim
+    assert lim["created_at_upper_limit"] == 900 and lim["max_limit"] == 500
+    sk = key(3)
+    async with await Client.connect(rp.url) as c:  # and indeed any age is accepted
+        old = sign_event(sk, 1_000_000, 1, [], "from 1970", AUX)
+        assert (await c.publish(old))[2] is True
+    rp2 = start_relay(env={"ENGRAM_LIMITS_CREATED_AT_LOWER_LIMIT": "3600"})
+    assert limitation(rp2)["created_at_lower_limit"] == 3600
