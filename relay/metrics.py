@@ -101,7 +101,7 @@ LIVE_EVENTS = Counter(
 )
 SLOW_CONSUMERS = Counter(
     "engram_slow_consumers_total",
-    "Connections disconnected because their send queue overflowed.",
+    "Connections disconnected as slow consumers (stalled, or over a queued-output bound).",
     registry=REGISTRY,
 )
 SLOW_CONSUMER_DROPS = Counter(
