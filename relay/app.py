@@ -93,6 +93,7 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
         metrics.bind(app.state.relay, package_version())
         poller = asyncio.create_task(poll_tenants(store, registry, settings.tenant_refresh_seconds))
         expirer = asyncio.create_task(purge_expired(store, settings.expired_purge_seconds))
+        await bus.prepare()  # before the first subscriber (see PostgresBus.prepare)
         tail = asyncio.create_task(bus.run(relay.deliver_remote))
         pruner = retention.start(settings, database_url)  # None unless [retention] is set
         worker = metrics.start_worker()  # None unless one of `--workers N`

@@ -43,6 +43,7 @@ class PostgresBus:
         self._wake = asyncio.Event()
         self.connected = asyncio.Event()  # the LISTEN connection is up (tests, /readyz)
         self.held_since: float | None = None  # monotonic time the tail was first held back
+        self._start: str | None = None  # the position `prepare` took
         metrics.watch_tail(self)
 
     def delay(self) -> float:
@@ -61,8 +62,13 @@ class PostgresBus:
         elif self.held_since is None:
             self.held_since = time.monotonic()
 
+    async def prepare(self) -> None:
+        """Take the starting position now, before the node accepts subscribers: an event
+        committed between a subscription and the tail's first read is then still read."""
+        self._start = await self._position()
+
     async def run(self, deliver: Deliver) -> None:
-        position = await self._position()
+        position = self._start if self._start is not None else await self._position()
         listener = asyncio.create_task(self._listen(deliver))
         try:
             while True:
