@@ -1,23 +1,33 @@
-"""`python -m bench <micro|load|compare> ...`: the benchmark suite's entry point.
+"""`python -m bench <command> ...`: the benchmark suite's entry point.
 
-`main(argv)` is what `engram bench` mounts; it returns the exit status.
+`main(argv)` is what `engram bench` mounts; it returns the exit status. Each command is a
+module of this package with a `main(argv) -> int | None`, imported only when it runs.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 
-USAGE = """usage: python -m bench <command> [options]
+# command -> what it measures (the module `bench.<command>` runs it)
+COMMANDS: dict[str, str] = {
+    "micro": "per-operation costs and ops/s of the protocol core and the store on this machine",
+    "load": "drive a running relay (--url ws://127.0.0.1:PORT) and report each phase",
+    "compare": "start this relay and the peer relays on loopback, load each, print ratios",
+    "crossnode": "publish -> delivery latency between two relay processes on one PostgreSQL",
+    "soak": "relay memory over a long mixed run (default 10 minutes)",
+    "stalled": "relay memory with 1,000 subscribers that stopped reading, under a burst",
+    "memls": "`engram mem ls` of 5,000 memories on a set of 3 relays",
+    "scale": "read latency and ingest rate of the store at 10k, 100k and 1M events",
+    "negentropy": "NIP-77: reconcile two relays' stores of 100,000 events differing by 1%",
+    "replicas": "bench load on one PostgreSQL primary, then with a streaming read replica",
+}
 
-commands:
-  micro     per-operation costs and ops/s of the protocol core and the store on this machine
-  load      drive a running relay (--url ws://127.0.0.1:PORT) and report each phase
-  compare   start this relay and the peer relays on loopback, load each, print ratios
-  crossnode publish -> delivery latency between two relay processes on one PostgreSQL
-  soak      relay memory over a long mixed run (default 10 minutes)
-  memls     `engram mem ls` of 5,000 memories on a set of 3 relays
-
-`python -m bench <command> --help` shows each command's options."""
+USAGE = (
+    "usage: python -m bench <command> [options]\n\ncommands:\n"
+    + "\n".join(f"  {name:<11} {what}" for name, what in COMMANDS.items())
+    + "\n\n`python -m bench <command> --help` shows each command's options."
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,32 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     command, rest = args[0], args[1:]
-    if command == "micro":
-        from bench import micro
-
-        return micro.main(rest) or 0
-    if command == "load":
-        from bench import load
-
-        return load.main(rest)
-    if command == "compare":
-        from bench import compare
-
-        return compare.main(rest)
-    if command == "soak":
-        from bench import soak
-
-        return soak.main(rest)
-    if command == "memls":
-        from bench import memls
-
-        return memls.main(rest)
-    if command == "crossnode":
-        from bench import crossnode
-
-        return crossnode.main(rest)
-    print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
-    return 2
+    if command not in COMMANDS:
+        print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(f"bench.{command}")
+    return module.main(rest) or 0
 
 
 if __name__ == "__main__":

@@ -462,7 +462,7 @@ def prune(
     transaction, so a running relay keeps serving. The relay can prune by
     itself: see the `retention` table of the configuration.
     """
-    from relay.retention import parse_duration
+    from relay.durations import parse_duration
     from relay.store import StoreError
     from relay.store import maintenance as m
     from relay.store import tenants as db

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
+import tempfile
 from typing import Annotated
 
 import typer
@@ -99,7 +101,15 @@ def serve(
         ws="relay.wsserver:RelayWebSocketProtocol",
     )
     if workers > 1:
-        uvicorn.run("relay.app:create_app_from_env", factory=True, workers=workers, **options)
+        # /metrics sums every worker: prometheus_client's multiprocess mode (relay.metrics)
+        own_dir = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if own_dir:
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="engram-metrics-")
+        try:
+            uvicorn.run("relay.app:create_app_from_env", factory=True, workers=workers, **options)
+        finally:
+            if own_dir:
+                shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
     else:
         from cli.server import Server
 

@@ -17,7 +17,7 @@ from cli.common import DatabaseOpt, DataDirOpt, resolve_database_url, settings_o
 from engram.errors import KeyFormatError
 from engram.nip01 import parse_public_key
 from relay.config import Limits
-from relay.policy import host_of
+from relay.hosts import host_of
 from relay.tenants import WRITE_POLICIES, TenantConfig, merged_limits
 
 tenant_app = typer.Typer(help="Tenants: one relay, many communities (bound by Host).")

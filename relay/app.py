@@ -89,14 +89,18 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
         bus = PostgresBus(database_url, store, poll=settings.bus_poll_seconds)
         relay = Relay(settings, store, tenants=registry, bus=bus)
         app.state.relay = relay
+        app.state.bus = bus
         metrics.bind(app.state.relay, package_version())
         poller = asyncio.create_task(poll_tenants(store, registry, settings.tenant_refresh_seconds))
         expirer = asyncio.create_task(purge_expired(store, settings.expired_purge_seconds))
+        await bus.prepare()  # before the first subscriber (see PostgresBus.prepare)
         tail = asyncio.create_task(bus.run(relay.deliver_remote))
         pruner = retention.start(settings, database_url)  # None unless [retention] is set
+        worker = metrics.start_worker()  # None unless one of `--workers N`
         try:
             yield
         finally:
+            metrics.stop_worker(worker)
             poller.cancel()
             expirer.cancel()
             tail.cancel()
@@ -133,7 +137,11 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             return PlainTextResponse("not ready: database unreachable\n", status_code=503)
         if not await store.migrations_current():
             return PlainTextResponse("not ready: database migrations pending\n", status_code=503)
-        return PlainTextResponse("ready\n")
+        detail = ""
+        delay = request.app.state.bus.delay()
+        if delay > 0:  # still ready: delivery across nodes resumes when it ends
+            detail = f"live tail: held back {delay:.1f} s by a long-running transaction\n"
+        return PlainTextResponse("ready\n" + detail)
 
     async def prometheus(request: Request) -> Response:
         return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from engram import KIND_ENGRAM as KIND_ENGRAM  # re-exported: relay code imports it here
+from relay.durations import parse_duration
 from relay.ratelimit import RateLimits
 
 KIND_AUTH = 22242  # NIP-42
@@ -51,8 +52,6 @@ class Retention(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         if self.older_than:  # ValueError here becomes a ConfigError naming the setting
-            from relay.retention import parse_duration
-
             parse_duration(self.older_than)
             parse_duration(self.interval)
             if self.batch < 1:
@@ -75,8 +74,10 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     retention: Retention = msgspec.field(default_factory=Retention)
     tenant_refresh_seconds: float = 2.0  # how soon `engram tenant …` changes take effect
     auth_window_seconds: int = 600  # NIP-42: AUTH created_at within 10 minutes
-    send_queue_max: int = 1_000  # frames buffered per connection before it is dropped
-    send_queue_bytes: int = 4 * 1024 * 1024  # ... or bytes buffered, whichever comes first
+    # Slow consumers (relay.sendqueue; README "Operating it" gives the reasoning):
+    slow_consumer_seconds: float = 10.0  # drop a reader whose queue has not shrunk this long
+    send_queue_bytes: int = 32 * 1024 * 1024  # hard cap of one connection's queued output
+    send_queue_budget_bytes: int = 256 * 1024 * 1024  # all connections of one process
     in_flight_max: int = 256  # frames handled concurrently per connection (then backpressure)
     write_batch_max: int = 500  # events per group-commit transaction
     write_concurrency: int = 3  # group-commit transactions in flight at once
@@ -200,7 +201,13 @@ def _check_values(settings: Settings) -> None:
                 tables.append((f"{prefix}{f.name}.", value))
             elif isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
                 raise ConfigError(f"{prefix}{f.name}: must not be negative, got {value}")
-    for name in ("write_batch_max", "db_pool_max", "in_flight_max", "send_queue_bytes"):
+    for name in (
+        "write_batch_max",
+        "db_pool_max",
+        "in_flight_max",
+        "send_queue_bytes",
+        "send_queue_budget_bytes",
+    ):
         if getattr(settings, name) < 1:
             raise ConfigError(f"{name}: must be at least 1, got {getattr(settings, name)}")
 
@@ -253,7 +260,6 @@ def load_settings(
             raise ConfigError("limits.default_limit must not exceed limits.max_limit")
         # lowering max_limit alone lowers the default with it
         settings.limits = msgspec.structs.replace(lim, default_limit=lim.max_limit)
-    if settings.send_queue_max <= settings.in_flight_max:
-        # a burst of OKs for every in-flight EVENT must fit, or a fast client looks slow
-        raise ConfigError("send_queue_max must be larger than in_flight_max")
+    if settings.slow_consumer_seconds <= 0:
+        raise ConfigError("slow_consumer_seconds: must be positive")
     return settings

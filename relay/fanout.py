@@ -13,13 +13,15 @@ from collections.abc import Hashable
 from typing import Protocol
 
 from engram.nip01 import Event
+from relay import metrics
 from relay.filters import Filter, matches_any
 from relay.policy import may_see
-from relay.wire import sub_prefix
+from relay.wire import Reason, closed, sub_prefix
 
 IndexKey = tuple[Hashable, ...]
 _ALL: IndexKey = ("*",)
 PENDING_MAX = 10_000  # live events buffered per subscription while its stored read runs
+PENDING_BYTES_MAX = 8 * 1024 * 1024  # ... and their bytes; past either the REQ is CLOSED
 
 
 class Subscriber(Protocol):
@@ -35,7 +37,7 @@ class Subscription:
     """One REQ. While its stored results are being read it is `pending`: live events are
     buffered (bounded) and flushed after EOSE, so nothing published meanwhile is lost."""
 
-    __slots__ = ("conn", "filters", "keys", "pending", "prefix", "sub_id")
+    __slots__ = ("conn", "filters", "keys", "pending", "pending_bytes", "prefix", "sub_id")
 
     def __init__(self, conn: Subscriber, sub_id: str, filters: list[Filter], pending: bool) -> None:
         self.conn = conn
@@ -44,6 +46,7 @@ class Subscription:
         self.prefix = sub_prefix(sub_id)
         self.keys = [key for f in filters for key in _index_keys(f)]
         self.pending: list[tuple[str, bytes]] | None = [] if pending else None
+        self.pending_bytes = 0
 
 
 def _index_keys(f: Filter) -> list[IndexKey]:
@@ -144,7 +147,27 @@ class FanOut:
                 frame = sub.prefix + raw + b"]"
                 if sub.pending is None:
                     sub.conn.send(frame)
-                elif len(sub.pending) < PENDING_MAX:
+                elif len(sub.pending) < PENDING_MAX and sub.pending_bytes < PENDING_BYTES_MAX:
                     sub.pending.append((event.id, frame))
+                    sub.pending_bytes += len(frame)
+                else:
+                    self.overflow(sub)
+                    continue
                 sent += 1
         return sent
+
+    def overflow(self, sub: Subscription) -> None:
+        """Too many live events arrived while the stored read ran: rather than drop some
+        silently, close the subscription with a reason (the client may subscribe again,
+        with `since`) and count it."""
+        self.unsubscribe(sub.conn, sub.sub_id)
+        sub.pending = None
+        metrics.pending_overflow()
+        sub.conn.send(
+            closed(
+                sub.sub_id,
+                Reason.ERROR(
+                    "too many live events arrived while stored ones were read; subscribe again"
+                ),
+            )
+        )

@@ -14,7 +14,15 @@ Metric names (all prefixed `engram_`):
   req_duration_seconds{tenant}          REQ received -> EOSE (its _count: REQs answered)
   live_events_total{tenant}             live event frames fanned out to subscriptions
   slow_consumers_total                  connections dropped for not reading fast enough
+  slow_consumer_drops_total{reason}     ... by reason: stalled | cap | budget
   dropped_frames_total                  frames discarded with those connections
+  pending_overflows_total               subscriptions closed: live events overflowed the
+                                        buffer kept while their stored read ran
+  send_queue_bytes                      output queued for readers now (all connections)
+  send_queue_bytes_peak                 the most ever queued at once (all connections)
+  send_queue_connection_bytes_peak      the most one connection ever had queued
+  send_queue_budget_bytes               the budget for all connections together
+  live_tail_delay_seconds               how far the cross-node live tail lags (0: current)
   write_batch_size                      events per group-commit transaction
   write_commit_seconds                  time to write (and commit) one batch
   db_pool_connections{state}            database pool: in_use, idle, max
@@ -24,6 +32,9 @@ Metric names (all prefixed `engram_`):
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import time
 import weakref
 from collections import defaultdict
@@ -54,7 +65,11 @@ ProcessCollector(registry=REGISTRY)
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 CONNECTIONS = Gauge(
-    "engram_connections", "Open websocket connections.", ["tenant"], registry=REGISTRY
+    "engram_connections",
+    "Open websocket connections.",
+    ["tenant"],
+    registry=REGISTRY,
+    multiprocess_mode="livesum",  # `engram serve --workers N`: the sum of the live workers
 )
 CONNECTIONS_TOTAL = Counter(
     "engram_connections_accepted_total",
@@ -86,7 +101,21 @@ LIVE_EVENTS = Counter(
 )
 SLOW_CONSUMERS = Counter(
     "engram_slow_consumers_total",
-    "Connections disconnected because their send queue overflowed.",
+    "Connections disconnected as slow consumers (stalled, or over a queued-output bound).",
+    registry=REGISTRY,
+)
+SLOW_CONSUMER_DROPS = Counter(
+    "engram_slow_consumer_drops_total",
+    "Slow consumers disconnected, by reason: stalled (queue did not shrink for"
+    " slow_consumer_seconds), cap (send_queue_bytes), budget (send_queue_budget_bytes).",
+    ["reason"],
+    registry=REGISTRY,
+)
+_DROPS = {r: SLOW_CONSUMER_DROPS.labels(r) for r in ("stalled", "cap", "budget")}
+PENDING_OVERFLOWS = Counter(
+    "engram_pending_overflows_total",
+    "Subscriptions closed because live events overflowed the buffer kept while their"
+    " stored read ran.",
     registry=REGISTRY,
 )
 DROPPED_FRAMES = Counter(
@@ -193,10 +222,18 @@ def connection_closed(tenant: str) -> None:
         pair[0].dec()
 
 
-def slow_consumer(dropped: int) -> None:
+def slow_consumer(dropped: int, reason: str) -> None:
     SLOW_CONSUMERS.inc()
+    child = _DROPS.get(reason)
+    if child is None:
+        child = _DROPS[reason] = SLOW_CONSUMER_DROPS.labels(reason)
+    child.inc()
     if dropped:
         DROPPED_FRAMES.inc(dropped)
+
+
+def pending_overflow() -> None:
+    PENDING_OVERFLOWS.inc()
 
 
 def live_sent(tenant: str, frames: int) -> None:
@@ -222,6 +259,8 @@ class _StateCollector:
     def __init__(self) -> None:
         self.relays: weakref.WeakSet[Any] = weakref.WeakSet()
         self.pools: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self.outputs: weakref.WeakSet[Any] = weakref.WeakSet()  # relay.sendqueue budgets
+        self.tails: weakref.WeakSet[Any] = weakref.WeakSet()  # live buses (delay())
         self.version = "0.0.0"
 
     def describe(self) -> list[Any]:
@@ -254,6 +293,32 @@ class _StateCollector:
         pool.add_metric(["idle"], idle)
         pool.add_metric(["max"], size_max)
         yield pool
+        yield from self.collect_output()
+
+    def collect_output(self) -> Iterator[Any]:
+        """Queued output and the live tail's delay (relay.sendqueue, relay.store.pgbus)."""
+        outputs = list(self.outputs)
+        for name, doc, value in (
+            ("engram_send_queue_bytes", "Output queued for readers now.", "total"),
+            ("engram_send_queue_bytes_peak", "The most output ever queued at once.", "peak_total"),
+            (
+                "engram_send_queue_connection_bytes_peak",
+                "The most output one connection ever had queued.",
+                "peak_connection",
+            ),
+            ("engram_send_queue_budget_bytes", "Budget for all queued output.", "limit"),
+        ):
+            family = GaugeMetricFamily(name, doc)
+            values = [getattr(o, value) for o in outputs]
+            agg = max if "peak" in value else sum
+            family.add_metric([], agg(values) if values else 0)
+            yield family
+        tail = GaugeMetricFamily(
+            "engram_live_tail_delay_seconds",
+            "How long the cross-node live tail has been held back (0 when current).",
+        )
+        tail.add_metric([], max((t.delay() for t in list(self.tails)), default=0.0))
+        yield tail
 
 
 _STATE = _StateCollector()
@@ -266,6 +331,16 @@ def bind(relay: Any, version: str) -> None:
     _STATE.version = version
 
 
+def watch_output(budget: Any) -> None:
+    """Report a relay.sendqueue budget's queued bytes and peaks at scrape time."""
+    _STATE.outputs.add(budget)
+
+
+def watch_tail(bus: Any) -> None:
+    """Report a live bus's delay (its `delay()`) at scrape time."""
+    _STATE.tails.add(bus)
+
+
 def watch_pool(owner: Any, pool: Any) -> None:
     """Report an asyncpg pool's usage for as long as `owner` (its store) lives."""
     _STATE.pools[owner] = pool
@@ -275,8 +350,78 @@ def watch_pool(owner: Any, pool: Any) -> None:
 
 
 def render() -> bytes:
-    """The registry in the Prometheus text format."""
+    """The registry in the Prometheus text format: the whole relay, whichever worker of
+    `engram serve --workers N` answers (see `multiprocess`)."""
+    if MULTIPROCESS:
+        return multiprocess_render()
     return generate_latest(REGISTRY)
+
+
+# --- several worker processes -----------------------------------------------------------
+#
+# With PROMETHEUS_MULTIPROC_DIR set (`engram serve --workers N` sets it) prometheus_client
+# keeps counters, histograms and gauges in files shared by the workers, and a scrape sums
+# them. The scrape-time gauges (subscriptions, pool, queued output, tail delay) live in
+# each worker's memory, so every worker mirrors them into such gauges once a second (and
+# the answering worker right before it renders): sums, or maxima for peaks and delays.
+
+MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+MIRROR_SECONDS = 1.0
+_mirrors: dict[str, Gauge] = {}
+
+
+def _mirror_mode(name: str) -> str:
+    if name == "engram_build_info":
+        return "max"
+    return "livemax" if name.endswith("_peak") or "delay" in name else "livesum"
+
+
+def mirror_state() -> None:
+    """Copy this worker's scrape-time gauges into the shared (file-backed) ones."""
+    for family in _STATE.collect():
+        for sample in family.samples:
+            gauge = _mirrors.get(sample.name)
+            if gauge is None:
+                gauge = _mirrors[sample.name] = Gauge(
+                    sample.name,
+                    family.documentation,
+                    list(sample.labels),
+                    registry=None,
+                    multiprocess_mode=_mirror_mode(sample.name),  # type: ignore[arg-type]
+                )
+            (gauge.labels(*sample.labels.values()) if sample.labels else gauge).set(sample.value)
+
+
+def multiprocess_render() -> bytes:
+    from prometheus_client import multiprocess
+
+    mirror_state()
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return generate_latest(registry)
+
+
+async def _mirror_forever() -> None:
+    while True:
+        with contextlib.suppress(Exception):
+            mirror_state()
+        await asyncio.sleep(MIRROR_SECONDS)
+
+
+def start_worker() -> asyncio.Task[None] | None:
+    """In a worker of several: keep this worker's gauges mirrored; None otherwise."""
+    return asyncio.create_task(_mirror_forever()) if MULTIPROCESS else None
+
+
+def stop_worker(task: asyncio.Task[None] | None) -> None:
+    """The worker is leaving: its live gauges stop counting."""
+    if task is None:
+        return
+    task.cancel()
+    from prometheus_client import multiprocess
+
+    with contextlib.suppress(Exception):
+        multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
 
 def _sum(metric: Any, sample: str, **labels: str) -> float:

@@ -1,4 +1,8 @@
-"""NIP-11 relay information document, per tenant, from the limits that are enforced."""
+"""NIP-11 relay information document, per tenant, from the limits that are enforced.
+
+Every field describes what the relay enforces: a limit that is off is omitted rather than
+shown as 0 (`created_at_lower_limit: 0` would read as "nothing older than now").
+"""
 
 from __future__ import annotations
 
@@ -19,10 +23,22 @@ def document(tenant: Tenant, version: str) -> dict[str, Any]:
         "software": SOFTWARE,
         "version": version,
         "supported_nips": SUPPORTED_NIPS,
-        "limitation": msgspec.to_builtins(tenant.limits),
+        "limitation": limitation(tenant),
     }
     for field in ("pubkey", "contact", "icon"):
         value = getattr(tenant, field)
         if value:
             doc[field] = value
     return doc
+
+
+# limits where 0 means "not enforced" (NIP-11 has no value for "off")
+_OFF_WHEN_ZERO = ("created_at_lower_limit",)
+
+
+def limitation(tenant: Tenant) -> dict[str, Any]:
+    lim = msgspec.to_builtins(tenant.limits)
+    for name in _OFF_WHEN_ZERO:
+        if not lim.get(name):
+            lim.pop(name, None)
+    return lim

@@ -21,6 +21,7 @@ from relay.bus import EventBus
 from relay.config import Limits, Settings
 from relay.fanout import FanOut
 from relay.filters import Filter, FilterError, parse_filter
+from relay.hosts import host_of
 from relay.ratelimit import ConnectionAllowance, RateLimiter
 from relay.session import Session
 from relay.store import EventStore, SaveResult, SaveStatus, StoreError
@@ -97,7 +98,7 @@ class Relay:
     def rate_limited(self, session: Session, msg: wire.Message) -> bytes | None:
         """The reply refusing a message over the connection's or address's rate, if any."""
         allow = session.allowance
-        if allow is None:
+        if allow is None or allow.exempt:  # loopback (relay.ratelimit.RateLimiter.exempt)
             return None
         now = self.clock()
         why = RateLimiter.check_message(allow, now)
@@ -297,6 +298,8 @@ class Relay:
         if not fanout.is_current(sub):
             return  # closed or replaced while the query ran
         for raw in rows:
+            if not fanout.is_current(sub):  # closed meanwhile (CLOSE, or live overflow)
+                return
             await session.send_wait(wire.event_frame(sub.prefix, raw))
         if not fanout.is_current(sub):
             return
@@ -307,7 +310,7 @@ class Relay:
     # -- AUTH -------------------------------------------------------------------
 
     def authenticate(self, session: Session, tenant: Tenant, event: Event) -> bytes:
-        hosts = tenant.hosts or frozenset([policy.host_of(session.host)])
+        hosts = tenant.hosts or frozenset([host_of(session.host)])
         why = policy.check_auth_event(
             event, session.challenge, hosts, int(self.clock()), self.settings.auth_window_seconds
         )

@@ -6,18 +6,14 @@ Checks return None to accept or a reason carrying its NIP-01 prefix. The engram 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
-
 from engram.errors import AttestationError
 from engram.nip01 import Event, verify_event
 from engram.nipoa import AUTH_TAG, Clause, clauses_allow, event_attestation, verify_auth_tag
 from relay.config import KIND_AUTH, KIND_ENGRAM, Limits
 from relay.filters import Filter
+from relay.hosts import host_of
+from relay.tenants import Tenant
 from relay.wire import Reason
-
-if TYPE_CHECKING:
-    from relay.tenants import Tenant
 
 
 def _tag(event: Event, name: str) -> str | None:
@@ -25,16 +21,6 @@ def _tag(event: Event, name: str) -> str | None:
         if len(tag) >= 2 and tag[0] == name:
             return tag[1]
     return None
-
-
-def host_of(url: str) -> str:
-    """Lower-cased host name of a URL or Host header, port stripped."""
-    if "//" not in url:
-        url = "//" + url
-    try:
-        return (urlsplit(url).hostname or "").lower()
-    except ValueError:
-        return ""
 
 
 def check_auth_event(

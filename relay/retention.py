@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from relay.durations import parse_duration
 from relay.store import maintenance as m
 
 if TYPE_CHECKING:
@@ -36,20 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("engram.retention")
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"\s*(\d+)\s*([smhdw])\s*", re.IGNORECASE)
 BATCH_PAUSE = 0.05  # seconds between two DELETE batches of a background pass
-
-
-def parse_duration(text: str) -> int:
-    """Seconds in a duration like `90s`, `15m`, `12h`, `30d`, `4w`; ValueError otherwise."""
-    m = _DURATION.fullmatch(text)
-    if m is None:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 15m, 12h, 30d or 4w)")
-    seconds = int(m[1]) * _UNITS[m[2].lower()]
-    if seconds <= 0:
-        raise ValueError(f"duration must be positive: {text!r}")
-    return seconds
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from relay.config import Limits, Settings
-from relay.policy import host_of
+from relay.hosts import host_of
 from relay.store import DEFAULT_TENANT
 
 WRITE_POLICIES = ("open", "members")

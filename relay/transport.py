@@ -1,15 +1,16 @@
 """Starlette websocket transport: moves frames between a socket and the pipeline.
 
-The only module that touches Starlette's websocket. Each connection has a bounded send
-queue drained by one writer task; a consumer that falls too far behind is disconnected
-instead of growing memory. EVENT and REQ frames run as tasks (bounded per connection)
-so one slow database round trip does not stall the connection's other messages.
+The only module that touches Starlette's websocket. Each connection has a send queue
+(relay.sendqueue) drained by one writer task; a reader that stops is disconnected once
+its queue has not shrunk for `slow_consumer_seconds`, and byte caps per connection and
+per relay bound memory whatever readers do. EVENT and REQ frames run as tasks (bounded
+per connection) so one slow database round trip does not stall the connection's other
+messages.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import secrets
@@ -21,6 +22,7 @@ from starlette.websockets import WebSocket
 
 from relay import metrics, wire
 from relay.pipeline import Relay
+from relay.sendqueue import OutputBudget, OutputQueue, budget_for
 from relay.session import Session
 from relay.tenants import Tenant
 from relay.wire import Reason
@@ -32,92 +34,70 @@ SLOW_CONSUMER_CLOSE = 4000  # websocket close code used when a reader falls behi
 CLOSE_TIMEOUT = 2.0  # seconds to try a close handshake with a reader that is stuck
 
 
-class Connection:
-    """A websocket plus its outgoing queue, bounded in frames and in bytes."""
+class Connection(OutputQueue):
+    """A websocket plus its outgoing queue (relay.sendqueue: byte caps, stall detection)."""
 
-    def __init__(self, ws: WebSocket, max_frames: int, max_bytes: int) -> None:
+    def __init__(self, ws: WebSocket, budget: OutputBudget, max_bytes: int) -> None:
+        super().__init__(budget, max_bytes)
         self.ws = ws
         # the server's direct send path (relay.wsserver), when it offers one
         self.direct: Any = ws.scope.get("extensions", {}).get(DIRECT)
-        self.max_frames = max_frames
-        self.max_bytes = max_bytes
-        self.frames: collections.deque[bytes] = collections.deque()
-        self.queued_bytes = 0
-        self.overflowed = False
-        self._ready = asyncio.Event()  # frames to write, or the overflow to act on
-        self._room = asyncio.Event()  # space freed for send_wait
-        self._room.set()
-
-    def _full(self, size: int) -> bool:
-        # an empty queue always takes one frame, however large: it must be deliverable
-        return bool(self.frames) and (
-            len(self.frames) >= self.max_frames or self.queued_bytes + size > self.max_bytes
-        )
-
-    def _push(self, frame: bytes) -> None:
-        self.frames.append(frame)
-        self.queued_bytes += len(frame)
-        self._ready.set()
+        self.sending = False  # the writer holds a frame it has not handed over yet
 
     def _send_direct(self, frame: bytes) -> bool:
         """Hand the frame to the socket now, if nothing is queued ahead of it and the
         socket is taking data; otherwise the queue keeps order and applies backpressure."""
         direct = self.direct
-        if direct is not None and not self.frames and direct.can_send():
+        if direct is not None and not self.frames and not self.sending and direct.can_send():
             direct.send_text_now(frame)
             return True
         return False
 
     def send(self, frame: bytes) -> None:
-        """Non-blocking; a full queue means the reader fell behind: drop the connection."""
-        if self.overflowed or self._send_direct(frame):
-            return
-        if self._full(len(frame)):
-            self.overflowed = True
-            metrics.slow_consumer(len(self.frames))
-            log.warning("slow consumer disconnected (send queue full)")
-            self.frames.clear()
-            self.queued_bytes = 0
-            self._push(wire.notice(Reason.ERROR("too slow reading; disconnecting")))
-            self._room.set()
-            return
-        self._push(frame)
+        """Non-blocking: to the socket, else queued; a reader past its cap is dropped."""
+        if self.dropped is None and not self._send_direct(frame):
+            self.push(frame)
 
     async def send_wait(self, frame: bytes) -> None:
         """Queue a frame, waiting for room: stored REQ results use backpressure, not drops."""
-        while not self.overflowed and self._full(len(frame)):
-            self._room.clear()
-            await self._room.wait()
-        if not self.overflowed and not self._send_direct(frame):
-            self._push(frame)
+        await self.wait_room(self.cost(frame))
+        if self.dropped is None and not self._send_direct(frame):
+            self.push(frame)
 
     async def writer(self) -> None:
-        """Drain the queue to the socket; after an overflow, say goodbye (briefly) and stop."""
+        """Drain the queue to the socket (each frame sent is progress for stall detection)."""
         send = self.ws.send
         while True:
-            if not self.frames:
-                if self.overflowed:
-                    # a reader that stopped reading may never take the close frame either
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(
-                            self.ws.close(SLOW_CONSUMER_CLOSE, "slow consumer"), CLOSE_TIMEOUT
-                        )
-                    return
-                self._ready.clear()
-                await self._ready.wait()
-                continue
-            frame = self.frames.popleft()
-            self.queued_bytes -= len(frame)
-            self._room.set()
-            await send({"type": "websocket.send", "text": frame.decode()})
+            await self.wait_frames()
+            if self.dropped is not None:
+                return
+            self.sending = True  # later frames queue behind this one (order)
+            await send({"type": "websocket.send", "text": self.pop().decode()})
+            self.sending = False
+
+    async def goodbye(self) -> None:
+        """After a drop: a NOTICE and a close frame if the socket takes them in time, then
+        the connection is cut (a reader that stopped would never take them)."""
+        notice = wire.notice(Reason.ERROR(self.notice())).decode()
+
+        async def farewell() -> None:
+            await self.ws.send({"type": "websocket.send", "text": notice})
+            await self.ws.close(SLOW_CONSUMER_CLOSE, "slow consumer")
+
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(farewell(), CLOSE_TIMEOUT)
+            return
+        if self.direct is not None:
+            self.direct.abort()
 
 
 def client_ip(ws: WebSocket, trust_forwarded_for: bool) -> str:
-    """The peer address; behind a trusted proxy, the first X-Forwarded-For entry."""
+    """The peer address; behind a trusted proxy, the last X-Forwarded-For entry: the one
+    the proxy appended (earlier entries come from the client and could be anything)."""
     if trust_forwarded_for:
         forwarded = ws.headers.get("x-forwarded-for", "")
         if forwarded:
-            return forwarded.split(",")[0].strip()
+            return forwarded.rsplit(",", 1)[-1].strip()
     return ws.client.host if ws.client else ""
 
 
@@ -132,7 +112,9 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
         )
         return
     await ws.accept()
-    conn = Connection(ws, relay.settings.send_queue_max, relay.settings.send_queue_bytes)
+    settings = relay.settings
+    budget = budget_for(relay, settings.send_queue_budget_bytes, settings.slow_consumer_seconds)
+    conn = Connection(ws, budget, settings.send_queue_bytes)
     session = Session(
         secrets.token_hex(16),
         ws.headers.get("host", ""),
@@ -144,6 +126,7 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
     )
     allowance.address.sessions.add(session)
     writer = asyncio.create_task(conn.writer())
+    gone = asyncio.create_task(conn.gone.wait())
     tasks: set[asyncio.Task[None]] = set()
     slots = asyncio.Semaphore(relay.settings.in_flight_max)
 
@@ -188,11 +171,14 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
     reader = asyncio.create_task(read())
     metrics.connection_opened(tenant.key)
     try:
-        # whichever ends first ends the connection: the client leaving, or the writer
-        # giving up on a reader that fell too far behind
-        await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+        # whichever ends first ends the connection: the client leaving, the writer
+        # failing, or the reader being dropped as a slow consumer
+        await asyncio.wait({reader, writer, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         metrics.connection_closed(tenant.key)
         relay.disconnect(session)
-        for task in (reader, writer, *tasks):
+        for task in (reader, writer, gone, *tasks):
             task.cancel()
+        conn.close()
+    if conn.dropped is not None:
+        await conn.goodbye()

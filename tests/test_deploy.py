@@ -152,8 +152,13 @@ def image_port() -> int:
 def setting_env_names() -> set[str]:
     """Every environment variable `load_settings` reads."""
     names = {ENV_PREFIX + "CONFIG"}
-    names |= {ENV_PREFIX + f.upper() for f in Settings.__struct_fields__ if f != "limits"}
-    names |= {f"{ENV_PREFIX}LIMITS_{f.upper()}" for f in Limits.__struct_fields__}
+    for f in msgspec.structs.fields(Settings):
+        if isinstance(f.type, type) and issubclass(f.type, msgspec.Struct):  # a table
+            table = f.type.__struct_fields__
+            names |= {f"{ENV_PREFIX}{f.name.upper()}_{sub.upper()}" for sub in table}
+        else:
+            names.add(ENV_PREFIX + f.name.upper())
+    assert f"{ENV_PREFIX}LIMITS_{Limits.__struct_fields__[0].upper()}" in names
     return names
 
 

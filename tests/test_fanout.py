@@ -84,6 +84,33 @@ def test_pending_subscription_buffers_until_live():
     assert a.frames == [b'["EVENT","s",' + encode_event(e2) + b"]"]
 
 
+def test_pending_overflow_closes_the_subscription_and_is_counted():
+    """Past PENDING_MAX live events during a stored read nothing is dropped silently: the
+    subscription is CLOSED with a reason and counted in /metrics."""
+    from relay import fanout, metrics
+
+    def overflows() -> float:
+        return metrics.REGISTRY.get_sample_value("engram_pending_overflows_total") or 0.0
+
+    before = overflows()
+    fan = FanOut()
+    a, b = Conn(), Conn()
+    sub = fan.subscribe(a, "s", [f({})], pending=True)
+    fan.subscribe(b, "live", [f({})])
+    es = [ev(SK[0], created_at=i) for i in range(fanout.PENDING_MAX + 1)]
+    for e in es:
+        fan.publish(e, encode_event(e))
+    assert a.frames == [
+        b'["CLOSED","s","error: too many live events arrived while stored'
+        b' ones were read; subscribe again"]'
+    ]
+    assert not fan.is_current(sub) and fan.count_for(a) == 0
+    assert len(b.frames) == len(es)  # other subscriptions are untouched
+    assert overflows() == before + 1
+    fan.go_live(sub, set())  # the stored read finishing later sends nothing more
+    assert len(a.frames) == 1
+
+
 filters = st.fixed_dictionaries(
     {},
     optional={

@@ -179,6 +179,7 @@ async def test_event_and_message_rates(start_relay):
             "ENGRAM_RATE_EVENT_BURST": "3",
             "ENGRAM_RATE_MESSAGES_PER_SECOND": "2",
             "ENGRAM_RATE_MESSAGE_BURST": "10",
+            "ENGRAM_RATE_EXEMPT_LOOPBACK": "false",  # the test client is on loopback
         }
     )
     sk = key(11)
@@ -200,7 +201,11 @@ async def test_event_and_message_rates(start_relay):
 
 async def test_connections_and_subscriptions_per_ip(start_relay):
     rp = start_relay(
-        env={"ENGRAM_RATE_CONNECTIONS_PER_IP": "3", "ENGRAM_RATE_SUBSCRIPTIONS_PER_IP": "2"}
+        env={
+            "ENGRAM_RATE_CONNECTIONS_PER_IP": "3",
+            "ENGRAM_RATE_SUBSCRIPTIONS_PER_IP": "2",
+            "ENGRAM_RATE_EXEMPT_LOOPBACK": "false",  # the test client is on loopback
+        }
     )
     clients = [await Client.connect(rp.url) for _ in range(3)]
     try:
@@ -254,7 +259,11 @@ async def test_dead_connections_are_closed_by_ping(start_relay):
 
 async def test_address_wide_event_rate_spans_connections(start_relay):
     rp = start_relay(
-        env={"ENGRAM_RATE_IP_EVENTS_PER_SECOND": "1", "ENGRAM_RATE_IP_EVENT_BURST": "4"}
+        env={
+            "ENGRAM_RATE_IP_EVENTS_PER_SECOND": "1",
+            "ENGRAM_RATE_IP_EVENT_BURST": "4",
+            "ENGRAM_RATE_EXEMPT_LOOPBACK": "false",  # the test client is on loopback
+        }
     )
     sk = key(13)
     async with await Client.connect(rp.url) as a, await Client.connect(rp.url) as b:

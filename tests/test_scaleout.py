@@ -159,3 +159,102 @@ async def test_workers_share_live_events(start_relay):
     finally:
         for c in subs + pubs:
             await c.close()
+
+
+# --- operations across processes ----------------------------------------------------------
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        body = r.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+    }
+
+
+def worker_of(rp_pid: int, port: int, client: Client) -> int:
+    """The pid of the worker process holding this client's connection."""
+    import psutil
+
+    local = client.ws.local_address[1]
+    for child in psutil.Process(rp_pid).children(recursive=True):
+        try:
+            conns = child.net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        for c in conns:
+            if c.laddr and c.laddr.port == port and c.raddr and c.raddr.port == local:
+                return child.pid
+    raise AssertionError("no worker holds this connection")
+
+
+async def test_metrics_sum_every_worker(start_relay):
+    rp = start_relay(args=("--workers", "2"), env={"ENGRAM_BUS_POLL_SECONDS": "0.5"})
+    sk = key(7)
+    clients: dict[int, list[Client]] = {}
+    try:
+        for _ in range(1000):  # connect (and stay connected) until both workers hold some
+            c = await Client.connect(rp.url)
+            clients.setdefault(worker_of(rp.pid, rp.port, c), []).append(c)
+            if len(clients) == 2:
+                break
+        assert len(clients) == 2, "every connection landed on one worker"
+        stored = 0
+        for i, c in enumerate(c for cs in clients.values() for c in cs):
+            for j in range(1 + i % 3):  # a different number on each connection
+                assert (await c.publish(ev(sk, content=f"{i}.{j}")))[2] is True
+                stored += 1
+        open_now = sum(len(v) for v in clients.values())
+        for _ in range(6):  # whichever worker answers the scrape, the sums are the relay's
+            m = await asyncio.to_thread(scrape, rp.port)
+            key_ = frozenset({"tenant": "default", "result": "stored", "reason": ""}.items())
+            assert m[("engram_events_total", key_)] == stored
+            msgs = frozenset({"tenant": "default", "type": "EVENT"}.items())
+            assert m[("engram_messages_total", msgs)] == stored
+            assert m[("engram_connections", frozenset({"tenant": "default"}.items()))] == open_now
+    finally:
+        for cs in clients.values():
+            for c in cs:
+                await c.close()
+
+
+async def test_live_tail_delay_is_visible_and_delivery_resumes(two_nodes):
+    """A long transaction holds back the snapshot's xmin: the cross-node tail waits (shown
+    in /metrics and /readyz), and delivers by itself once the transaction ends."""
+    import urllib.request
+
+    n1, n2 = two_nodes
+    sk = key(8)
+    flt = {"authors": [pubkey_of(sk)]}
+    delay = ("engram_live_tail_delay_seconds", frozenset())
+    long_tx = await asyncpg.connect(n1.database_url)
+    try:
+        async with await Client.connect(n1.url) as sub, await Client.connect(n2.url) as pub:
+            _, end = await sub.req("s", flt)
+            assert end[0] == "EOSE"
+            tx = long_tx.transaction()
+            await tx.start()
+            await long_tx.fetchval("SELECT pg_current_xact_id()")  # holds an xid: xmin stays
+            held = ev(sk, content="committed behind a long transaction")
+            assert (await pub.publish(held))[2] is True
+            deadline = time.monotonic() + 60
+            while (await asyncio.to_thread(scrape, n1.port)).get(delay, 0) <= 0:
+                assert time.monotonic() < deadline, "the tail delay never showed"
+                await asyncio.sleep(0.2)
+            with urllib.request.urlopen(n1.http_url + "/readyz", timeout=10) as r:
+                body = r.read().decode()
+            assert r.status == 200 and "live tail: held back" in body, body
+            await tx.rollback()  # the long transaction ends...
+            await until_received(sub, held.id, timeout=60)  # ...and delivery resumes
+            deadline = time.monotonic() + 60
+            while (await asyncio.to_thread(scrape, n1.port)).get(delay, 0) != 0:
+                assert time.monotonic() < deadline, "the tail delay never went back to 0"
+                await asyncio.sleep(0.2)
+    finally:
+        await long_tx.close()

@@ -17,10 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import asyncpg
 
+from relay import metrics
 from relay.bus import Deliver
 from relay.store import StoreError
 from relay.store.postgres import PostgresStore
@@ -40,9 +42,33 @@ class PostgresBus:
         self.poll = poll
         self._wake = asyncio.Event()
         self.connected = asyncio.Event()  # the LISTEN connection is up (tests, /readyz)
+        self.held_since: float | None = None  # monotonic time the tail was first held back
+        self._start: str | None = None  # the position `prepare` took
+        metrics.watch_tail(self)
+
+    def delay(self) -> float:
+        """Seconds the tail has been held back by a running transaction (0: current).
+
+        Rows committed after a transaction that is still open are not read until it ends
+        (the snapshot's xmin stays put), so a long transaction delays live delivery
+        across nodes; never loses it. `/metrics` and `/readyz` show this number.
+        """
+        since = self.held_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def _note_held(self, held: bool) -> None:
+        if not held:
+            self.held_since = None
+        elif self.held_since is None:
+            self.held_since = time.monotonic()
+
+    async def prepare(self) -> None:
+        """Take the starting position now, before the node accepts subscribers: an event
+        committed between a subscription and the tail's first read is then still read."""
+        self._start = await self._position()
 
     async def run(self, deliver: Deliver) -> None:
-        position = await self._position()
+        position = self._start if self._start is not None else await self._position()
         listener = asyncio.create_task(self._listen(deliver))
         try:
             while True:
@@ -51,6 +77,7 @@ class PostgresBus:
                 self._wake.clear()
                 try:
                     position, rows = await self.store.bus_read(position)
+                    self._note_held(self.store.bus_held_back)
                 except StoreError as exc:
                     log.warning("bus read failed (will retry): %s", exc)
                     await asyncio.sleep(self.poll)

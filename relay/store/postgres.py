@@ -104,6 +104,7 @@ class PostgresStore:
         self._batch_max = max(1, settings.write_batch_max)
         self._query_timeout = settings.query_timeout_seconds
         self.node_id = uuid.uuid4().hex  # `origin` of the rows this process stores
+        self.bus_held_back = False  # set by bus_read (relay.store.pgbus reports it)
         self._written_since_analyze = 0
         self._analyzing = False
         self._analyze_task: asyncio.Task[None] | None = None
@@ -469,6 +470,7 @@ class PostgresStore:
         if not rows:  # pragma: no cover - the LEFT JOIN always yields the position row
             return position, []
         out = [(r[1], r[2]) for r in rows if r[2] is not None and r[3] != self.node_id]
+        self.bus_held_back = bool(rows[0][4])  # a running transaction holds the tail back
         return rows[0][0], out
 
     async def purge_expired(self, now: int, batch: int = 5_000) -> int:

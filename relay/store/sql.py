@@ -136,9 +136,12 @@ DELETE_ADDRESSES = (
 )
 
 BUS_XMIN = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text"
+# `held`: committed rows lie beyond the snapshot's xmin, i.e. a transaction still running
+# holds the tail back (a long transaction delays live delivery across nodes; /metrics).
 BUS_TAIL = (
     "WITH snap AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS hi)"
-    " SELECT snap.hi::text, e.tenant, e.raw, e.origin FROM snap"
+    " SELECT snap.hi::text, e.tenant, e.raw, e.origin,"
+    " EXISTS (SELECT 1 FROM events h WHERE h.xid >= snap.hi) AS held FROM snap"
     " LEFT JOIN events e ON e.xid >= $1::text::xid8 AND e.xid < snap.hi"
     " ORDER BY e.xid, e.created_at, e.id"
 )
