@@ -18,6 +18,9 @@ from cli.errors import AuthError, BadInputError, RelayError
 
 T = TypeVar("T")
 CLOSE_WAIT = 2.0  # seconds to wait for close handshakes, within the operation's deadline
+# Share of a step's remaining time every relay gets before the ones that have not answered
+# are dropped, provided another relay did answer (see RelaySession._wait).
+STRAGGLER_SHARE = 0.5
 
 
 def parse_relays(value: str | Sequence[str]) -> list[str]:
@@ -68,9 +71,8 @@ class RelaySession:
         tasks = {u: asyncio.ensure_future(step(u)) for u in targets}
         if not tasks:
             return {}
-        remaining = self._deadline - asyncio.get_running_loop().time()
         try:
-            _done, pending = await asyncio.wait(tasks.values(), timeout=max(remaining, 0))
+            pending = await self._wait(set(tasks.values()))
         except BaseException:  # the caller gave up: leave nothing running behind it
             for task in tasks.values():
                 task.cancel()
@@ -87,6 +89,28 @@ class RelaySession:
             else:
                 results[url] = task.result()
         return results
+
+    async def _wait(self, pending: set[asyncio.Future[T]]) -> set[asyncio.Future[T]]:
+        """Wait for the step on every relay; the ones still pending when it gives up.
+
+        All relays get `STRAGGLER_SHARE` of the time left. Past that, once one relay has
+        answered, the rest are cut off: a relay that hangs must not use up the whole
+        deadline of every step while the others wait to go on. With no answer yet, the
+        step keeps waiting (to the deadline) for the first one.
+        """
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        cutoff = now + max(self._deadline - now, 0) * STRAGGLER_SHARE
+        done, pending = await asyncio.wait(pending, timeout=max(cutoff - now, 0))
+        while pending and not any(_succeeded(t) for t in done):
+            remaining = self._deadline - loop.time()
+            if remaining <= 0:
+                break
+            more, pending = await asyncio.wait(
+                pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            done |= more
+        return pending
 
     async def connect(self) -> None:
         async def one(url: str) -> RelayClient:
@@ -147,6 +171,10 @@ class RelaySession:
             remaining = self._deadline - asyncio.get_running_loop().time()
             with contextlib.suppress(Exception):
                 await asyncio.wait(tasks, timeout=min(max(remaining, 0.05), CLOSE_WAIT))
+
+
+def _succeeded(task: asyncio.Future[object]) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is None
 
 
 def _retrieve(task: asyncio.Future[object]) -> None:
