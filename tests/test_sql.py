@@ -104,7 +104,7 @@ def test_skipped_filter_leaves_no_stray_parameter() -> None:
     text, params = sql.build_query(filters, "t", viewer=PK)  # type: ignore[misc]
     assert "UNION" not in text
     assert placeholders(text) == set(range(1, len(params) + 1))
-    assert params == ["t", [7], 2]  # kind 7 only: no engram gate, so no viewer parameter
+    assert params == ["t", 7, 2]  # kind 7 only: no engram gate, so no viewer parameter
 
 
 def test_engram_gate_clause() -> None:
@@ -145,3 +145,27 @@ def test_encode_row(make_event: Callable[..., Event]) -> None:
     ):
         with pytest.raises(sql.RowError, match=why):
             sql.encode_row(bad, b"")
+
+
+def test_one_value_is_a_plain_equality() -> None:
+    """One author/kind/id is `col = $n` (an ordered index scan that stops at the limit);
+    several stay `= ANY($n)`."""
+    text, params = sql.build_query([Filter(authors=[PK], kinds=[1], limit=10)], "t")  # type: ignore[misc]
+    assert "pubkey = $2::bytea" in text and "kind = $3::int4" in text
+    assert "ANY" not in text
+    assert params[1:4] == [bytes.fromhex(PK), 1, 10]
+    text, params = sql.build_query([Filter(ids=[PK, "0" * 64], kinds=[1, 7], limit=3)], "t")  # type: ignore[misc]
+    assert "id = ANY($2::bytea[])" in text and "kind = ANY($3::int4[])" in text
+
+
+def test_several_authors_read_per_author() -> None:
+    """Several authors with a limit: one LATERAL probe per author, each limited, then the
+    newest `limit` overall; the author list is one array parameter."""
+    other = "b" * 64
+    text, params = sql.build_query([Filter(authors=[PK, other, PK], kinds=[1], limit=5)], "t")  # type: ignore[misc]
+    assert "CROSS JOIN LATERAL" in text and "pubkey = a.pk" in text
+    assert placeholders(text) == set(range(1, len(params) + 1))
+    assert [bytes.fromhex(PK), bytes.fromhex(other)] in params
+    assert text.count("LIMIT") == 2
+    count, _ = sql.build_count([Filter(authors=[PK, other], limit=5)], "t")  # type: ignore[misc]
+    assert "LATERAL" not in count

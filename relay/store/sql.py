@@ -299,10 +299,10 @@ class _Params:
             self._viewer_pos = len(self.values)
         return f"${self._viewer_pos}::bytea"
 
-    def conditions(self, f: Filter) -> list[str] | None:
+    def conditions(self, f: Filter, author_ref: str | None = None) -> list[str] | None:
         """_conditions, leaving no unreferenced parameter behind when it returns None."""
         mark = len(self.values)
-        conds = _conditions(f, self)
+        conds = _conditions(f, self, author_ref)
         if conds is None:
             del self.values[mark:]
             if self._viewer_pos > mark:
@@ -310,7 +310,24 @@ class _Params:
         return conds
 
 
-def _conditions(f: Filter, p: _Params) -> list[str] | None:
+def _eq(column: str, ref: str, cast: str, n: int) -> str:
+    """`column = $n` for one value, else `column = ANY($n)` (the parameter holds a list).
+
+    One value must be a plain equality: an index scan under `= ANY(...)` does not return
+    rows in index order, so `ORDER BY created_at DESC ... LIMIT n` would read and sort
+    every row of the author; and PostgreSQL costs the generic plan of the ANY form so
+    far above the custom one that it re-plans on every execution (measured: 160 vs 75
+    us of PostgreSQL CPU per `authors` REQ)."""
+    if n == 1:
+        return f"{column} = {ref}::{cast}"
+    return f"{column} = ANY({ref}::{cast}[])"
+
+
+def _one_or_all(values: list[Any]) -> Any:
+    return values[0] if len(values) == 1 else values
+
+
+def _conditions(f: Filter, p: _Params, author_ref: str | None = None) -> list[str] | None:
     """WHERE terms for one filter (without tenant), or None if it can match nothing."""
     if f.since is not None and f.until is not None and f.since > f.until:
         return None
@@ -319,18 +336,21 @@ def _conditions(f: Filter, p: _Params) -> list[str] | None:
         ids = [bytes.fromhex(i) for i in dict.fromkeys(f.ids) if is_hex(i, 64)]
         if not ids:
             return None
-        conds.append(f"id = ANY({p.add(ids)}::bytea[])")
+        conds.append(_eq("id", p.add(_one_or_all(ids)), "bytea", len(ids)))
     if f.authors is not None:
         authors = [bytes.fromhex(a) for a in dict.fromkeys(f.authors) if is_hex(a, 64)]
         if not authors:
             return None
-        conds.append(f"pubkey = ANY({p.add(authors)}::bytea[])")
+        if author_ref is not None:  # one author per LATERAL probe (see _per_author)
+            conds.append(f"pubkey = {author_ref}")
+        else:
+            conds.append(_eq("pubkey", p.add(_one_or_all(authors)), "bytea", len(authors)))
     kinds: list[int] | None = None
     if f.kinds is not None:
         kinds = [k for k in dict.fromkeys(f.kinds) if 0 <= k <= _INT4_MAX]
         if not kinds:
             return None
-        conds.append(f"kind = ANY({p.add(kinds)}::int4[])")
+        conds.append(_eq("kind", p.add(_one_or_all(kinds)), "int4", len(kinds)))
     engram_only = kinds is not None and set(kinds) == {KIND_ENGRAM}
     for name, values in f.tags.items():
         if len(name) != 1:
@@ -342,7 +362,7 @@ def _conditions(f: Filter, p: _Params) -> list[str] | None:
             # `#d` is its `d` column: the CLI's head fetch becomes one probe of the
             # address index instead of a scan of every engram of the author.
             ds = list(dict.fromkeys(index_value(v) for v in values))
-            conds.append(f"d = ANY({p.add(ds)}::text[])")
+            conds.append(_eq("d", p.add(_one_or_all(ds)), "text", len(ds)))
             continue
         keys = list(dict.fromkeys(tag_key(name, v) for v in values))
         conds.append(f"tagvals && {p.add(keys)}::text[]")
@@ -368,6 +388,14 @@ def _conditions(f: Filter, p: _Params) -> list[str] | None:
     return conds
 
 
+def _per_author(f: Filter) -> list[bytes] | None:
+    """The distinct authors of a limited filter naming several (and no ids), else None."""
+    if f.authors is None or f.ids is not None or f.limit is None or len(f.authors) < 2:
+        return None
+    authors = [bytes.fromhex(a) for a in dict.fromkeys(f.authors) if is_hex(a, 64)]
+    return authors if len(authors) > 1 else None
+
+
 def build_query(
     filters: list[Filter], tenant: str, viewer: str | None = None, now: int | None = None
 ) -> tuple[str, list[Any]] | None:
@@ -382,12 +410,22 @@ def build_query(
     for f in filters:
         if f.limit == 0:
             continue
-        conds = p.conditions(f)
+        authors = _per_author(f)
+        conds = p.conditions(f, None if authors is None else "a.pk")
         if conds is None:
             continue
         where = " AND ".join(["tenant = $1", *conds])
         limit = "" if f.limit is None else f" LIMIT {p.add(f.limit)}::int8"
-        parts.append(f"SELECT {SELECT_COLUMNS} FROM events WHERE {where} {_ORDER}{limit}")
+        select = f"SELECT {SELECT_COLUMNS} FROM events WHERE {where} {_ORDER}{limit}"
+        if authors is not None:
+            # Newest `limit` of each author (one ordered index probe each), then the
+            # newest `limit` of those: cost bounded by authors x limit, not by how long
+            # the authors' histories are.
+            select = (
+                f"SELECT {SELECT_COLUMNS} FROM unnest({p.add(authors)}::bytea[]) AS a(pk)"
+                f" CROSS JOIN LATERAL ({select}) e {_ORDER}{limit}"
+            )
+        parts.append(select)
     if not parts:
         return None
     if len(parts) == 1:
