@@ -279,6 +279,11 @@ def start_engram(workdir: Path, args: list[str], env: dict[str, str] | None = No
     """`engram serve` of this checkout on a free port, ready (its /healthz answers)."""
     port = free_port()
     cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), *args]
+    # The relay runs in `workdir`: put this checkout first on its path, or `cli.main`
+    # would be whatever the installed (editable) package points at.
+    here = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {"PYTHONPATH": path, **(env or {})}
     run = Running("engram-relay", f"ws://127.0.0.1:{port}", _spawn(cmd, workdir, env), workdir)
     return wait_ready(run, port, _healthz_ok)
 

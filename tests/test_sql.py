@@ -169,3 +169,14 @@ def test_several_authors_read_per_author() -> None:
     assert text.count("LIMIT") == 2
     count, _ = sql.build_count([Filter(authors=[PK, other], limit=5)], "t")  # type: ignore[misc]
     assert "LATERAL" not in count
+
+
+def test_engram_head_is_one_address_probe() -> None:
+    """kinds [30174] + one author + one `#d`: the unique address, no ORDER BY or LIMIT."""
+    f = Filter(kinds=[KIND_ENGRAM], authors=[PK], tags={"p": [PK], "d": ["slug"]}, limit=1)
+    text, params = sql.build_query([f], "t", viewer=PK)  # type: ignore[misc]
+    assert "d = $" in text and "ORDER BY" not in text and "LIMIT" not in text
+    assert placeholders(text) == set(range(1, len(params) + 1))
+    two = Filter(kinds=[KIND_ENGRAM], authors=[PK], tags={"d": ["a", "b"]}, limit=1)
+    text, _ = sql.build_query([two], "t", viewer=PK)  # type: ignore[misc]
+    assert "LIMIT" in text

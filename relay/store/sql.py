@@ -388,6 +388,18 @@ def _conditions(f: Filter, p: _Params, author_ref: str | None = None) -> list[st
     return conds
 
 
+def _one_address(f: Filter) -> bool:
+    """The engram head fetch: one kind-30174 address (author, `d`), at most one row."""
+    return (
+        f.ids is None
+        and f.kinds is not None
+        and set(f.kinds) == {KIND_ENGRAM}
+        and f.authors is not None
+        and len(set(f.authors)) == 1
+        and len(set(f.tags.get("d") or ())) == 1
+    )
+
+
 def _per_author(f: Filter) -> list[bytes] | None:
     """The distinct authors of a limited filter naming several (and no ids), else None."""
     if f.authors is None or f.ids is not None or f.limit is None or len(f.authors) < 2:
@@ -415,6 +427,12 @@ def build_query(
         if conds is None:
             continue
         where = " AND ".join(["tenant = $1", *conds])
+        if _one_address(f):
+            # At most one row (the unique address index): no ORDER BY or LIMIT, which
+            # would let the planner prefer an ordered scan of every engram of the author
+            # (it did, as a generic plan on a store without statistics: 550 us a fetch).
+            parts.append(f"SELECT {SELECT_COLUMNS} FROM events WHERE {where}")
+            continue
         limit = "" if f.limit is None else f" LIMIT {p.add(f.limit)}::int8"
         select = f"SELECT {SELECT_COLUMNS} FROM events WHERE {where} {_ORDER}{limit}"
         if authors is not None:
