@@ -50,6 +50,7 @@ def bars(
     ax.set_title(title, fontsize=10)
     if log:
         ax.set_yscale("log")
+        _plain_ticks(ax.yaxis)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return _save(plt, fig, path)
@@ -77,8 +78,9 @@ def lines(
         ax.axhline(limit, color="red", linestyle="--", linewidth=1, label=f"target {limit:g}")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    _plain_ticks(ax.yaxis)
     ax.set_xticks(list(xs), [_size(x) for x in xs])
-    ax.minorticks_off()
+    ax.xaxis.set_minor_locator(_no_ticks())
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
@@ -87,10 +89,25 @@ def lines(
     return _save(plt, fig, path)
 
 
+def _plain_ticks(axis: Any) -> None:
+    """1, 2, 5, 10 ... instead of 10^0 and 2x10^1 on a log axis."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+
+
+def _no_ticks() -> Any:
+    from matplotlib.ticker import NullLocator
+
+    return NullLocator()
+
+
 def _save(plt: Any, fig: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, format=path.suffix.lstrip(".") or "svg")
+    fig.savefig(path, format=path.suffix.lstrip(".") or "png", dpi=110)
     plt.close(fig)
     return path
 

@@ -304,17 +304,23 @@ async def _queries(
     return out
 
 
-def run_scale(sizes: list[int], reps: int, seed: int, say: Callable[[str], None]) -> list[Step]:
-    """Start an embedded PostgreSQL, run the steps on a fresh database, stop it."""
+def run_scale(
+    sizes: list[int], reps: int, seed: int, say: Callable[[str], None], keep: bool = False
+) -> list[Step]:
+    """Start an embedded PostgreSQL, run the steps on a fresh database, stop it (`keep`:
+    leave it running with the loaded store, to look at plans afterwards)."""
     from bench.peers import Postgres
 
     root = Path(tempfile.mkdtemp(prefix="engram-bench-scale-"))
-    pg = Postgres(root)
+    pg = Postgres(root, cleanup_mode=None if keep else "delete")
     try:
         dsn, _ = pg.create_database()
+        if keep:
+            say(f"database (kept running): {dsn}")
         return asyncio.run(_run_steps(dsn, pg.pid, sizes, reps, seed, say))
     finally:
-        pg.close()
+        if not keep:
+            pg.close()
 
 
 async def _run_steps(
@@ -428,7 +434,7 @@ def write_charts(steps: list[Step], directory: Path) -> list[Path]:
     xs = [float(s.size) for s in sized]
     out = []
     p = charts.lines(
-        directory / "scale-p99.svg",
+        directory / "scale-p99.png",
         "p99 read latency against store size (ms)",
         xs,
         {q: [s.p99[q] for s in sized] for q in QUERIES},
@@ -440,7 +446,7 @@ def write_charts(steps: list[Step], directory: Path) -> list[Path]:
         out.append(p)
     ing = [s for s in steps if s.ingest_rate]
     p = charts.bars(
-        directory / "scale-ingest.svg",
+        directory / "scale-ingest.png",
         "ingest rate on top of each store size (events/s)",
         [_n(s.size) if s.size else "empty" for s in ing],
         {"ev/s": [s.ingest_rate for s in ing]},
@@ -479,16 +485,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--reps", type=int, default=300, help="runs per query and size")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--keep", action="store_true", help="leave PostgreSQL running with the store afterwards"
+    )
     ap.add_argument("--results", type=Path, help="write the tables into this markdown file")
     ap.add_argument(
-        "--charts", type=Path, help="directory for the SVG charts (default: next to --results)"
+        "--charts", type=Path, help="directory for the PNG charts (default: next to --results)"
     )
     args = ap.parse_args(argv)
     sizes = sorted({int(s) for s in args.sizes.split(",") if s})
     if not sizes or sizes[0] < INGEST_PROBE:
         ap.error(f"sizes must be at least {INGEST_PROBE}")
     t0 = time.monotonic()
-    steps = run_scale(sizes, args.reps, args.seed, lambda s: print(s, flush=True))
+    steps = run_scale(sizes, args.reps, args.seed, lambda s: print(s, flush=True), keep=args.keep)
     text = report(steps, argv, args.reps)
     directory = args.charts or (args.results.parent if args.results else None)
     if directory is not None:

@@ -463,7 +463,7 @@ class PostgresStore:
         """Rows stored by other nodes in transactions finished since `position`:
         (next position, [(tenant, raw)]), in commit-safe order."""
         try:
-            rows = await self._pool.fetch(q.BUS_TAIL, position)
+            rows = await self._pool.fetch(q.BUS_TAIL, position, self.node_id)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError("error: could not read new events") from exc
         if not rows:  # pragma: no cover - the LEFT JOIN always yields the position row
