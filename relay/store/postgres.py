@@ -24,6 +24,7 @@ from relay.filters import Filter
 from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError, tenants
 from relay.store import sql as q
 from relay.store.migrate import apply_migrations, migration_status
+from relay.store.readbatch import ReadBatcher, batchable
 from relay.store.sql import Row, RowError, encode_row
 from relay.tenants import TenantConfig
 
@@ -112,6 +113,9 @@ class PostgresStore:
         self._closing = False
         self._writers: list[asyncio.Task[None]] = []
         self._write_concurrency = max(1, settings.write_concurrency)
+        self._reads = ReadBatcher(
+            pool, self._query_timeout, settings.read_batch_max, settings.read_concurrency
+        )
 
     @classmethod
     async def open(cls, dsn: str, settings: Settings) -> PostgresStore:
@@ -396,7 +400,7 @@ class PostgresStore:
         if built is None:
             return []
         rows = await self._fetch(*built)
-        if len(filters) == 1:
+        if len(filters) == 1:  # ordered by the statement (also within a batch: readbatch)
             return [r[0] for r in rows]
         merged = {r[2]: r for r in rows}  # the same event may match several filters
         return [r[0] for r in sorted(merged.values(), key=lambda r: (-r[1], r[2]))]
@@ -485,6 +489,14 @@ class PostgresStore:
                 return total
 
     async def _fetch(self, sql: str, params: list[Any]) -> list[Any]:
+        if batchable(sql, params):
+            try:
+                return await self._reads.fetch(sql, params)
+            except TimeoutError as exc:  # asyncpg cancels the statement server-side
+                raise StoreError(f"error: query timed out after {self._query_timeout:g} s") from exc
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.error("query failed: %s", _reason(exc))
+                raise StoreError("error: could not read from the database") from exc
         try:
             async with self._pool.acquire(timeout=_ACQUIRE_TIMEOUT) as conn:
                 try:

@@ -369,7 +369,10 @@ def _conditions(f: Filter, p: _Params, author_ref: str | None = None) -> list[st
             conds.append(_eq("d", p.add(_one_or_all(ds)), "text", len(ds)))
             continue
         keys = list(dict.fromkeys(tag_key(name, v) for v in values))
-        conds.append(f"tagvals && {p.add(keys)}::text[]")
+        if len(keys) == 1:  # a scalar parameter: the statement can be batched (readbatch)
+            conds.append(f"tagvals && ARRAY[{p.add(keys[0])}::text]")
+        else:
+            conds.append(f"tagvals && {p.add(keys)}::text[]")
     if f.since is not None:
         conds.append(f"created_at >= {p.add(f.since)}::int8")
     if f.until is not None:
