@@ -16,7 +16,9 @@ Events go in through `PostgresStore.submit`, i.e. the relay's group-commit write
 its default batch size and durability (fsync'd commits). "ingest" is the rate of the
 first 10,000 events loaded on top of each size (empty: the first 10,000 of all), with
 the relay+PostgreSQL CPU per event. After each step the store is `VACUUM ANALYZE`d, as
-autovacuum would do on its own shortly after a bulk load.
+autovacuum would do on its own shortly after a bulk load. Events arrive in created_at
+order (30 s apart, jittered by up to 10 minutes), as a relay sees them. CPU per query is
+this process plus every PostgreSQL process (background work such as autovacuum included).
 
 Queries (each a p50/p99 over `--reps` runs, parameters varying between runs):
   authors     {"authors":[a],"limit":10}, a drawn by author popularity
@@ -69,7 +71,7 @@ HASHTAGS = 500
 ENGRAM_SLUGS = 40  # addresses per agent
 RECENT_NOTES = 5_000  # reactions and replies point at one of the latest notes
 SEARCH_RANK = 100  # the search word: the 100th most common (~1% of notes contain it)
-_YEAR = 365 * 86_400
+_YEAR = 400 * 86_400  # created_at of the first event: 1M events at 30 s fit after it
 
 
 class Zipf:
@@ -149,7 +151,9 @@ class Corpus:
         self.made += 1
         kind = self._kinds[bisect.bisect_left(self._kind_cum, rng.random() * self._kind_cum[-1])]
         author = self.pubkeys[self._authors()]
-        created_at = self.now - _YEAR + (self.made * 7919 + rng.randrange(3600)) % _YEAR
+        # arrival order, 30 s apart on average, up to 10 minutes late or early: what a
+        # relay sees (stored rows roughly follow created_at, as newest-first reads assume)
+        created_at = self.now - _YEAR + self.made * 30 + rng.randrange(-600, 600)
         tags: list[list[str]] = []
         content = ""
         if kind == 1:
