@@ -41,6 +41,7 @@ import datetime as dt
 import hashlib
 import itertools
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -330,6 +331,7 @@ def run_scale(
     finally:
         if not keep:
             pg.close()
+            shutil.rmtree(root, ignore_errors=True)
 
 
 async def _run_steps(
