@@ -65,10 +65,12 @@ _NOT_DELETED_ADDRESS = (
 
 def _waking(insert: str) -> str:
     """The insert, returning (tenant, id) of stored rows, plus the bus wake-up in the same
-    statement (a NOTIFY is delivered at commit, and only if something was stored)."""
+    statement (a NOTIFY is delivered at commit, and only if something was stored). Its
+    payload is the writer's origin ($13), so a node is not woken by its own batches."""
     return (
         f"WITH ins AS ({insert} RETURNING tenant, id),"
-        f" wake AS (SELECT pg_notify('{BUS_CHANNEL}', '') WHERE EXISTS (SELECT 1 FROM ins))"
+        f" wake AS (SELECT pg_notify('{BUS_CHANNEL}', $13::text)"
+        " WHERE EXISTS (SELECT 1 FROM ins))"
         " SELECT ins.tenant, ins.id FROM ins LEFT JOIN wake ON true"
     )
 
