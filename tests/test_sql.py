@@ -159,16 +159,22 @@ def test_one_value_is_a_plain_equality() -> None:
 
 
 def test_several_authors_read_per_author() -> None:
-    """Several authors with a limit: one LATERAL probe per author, each limited, then the
-    newest `limit` overall; the author list is one array parameter."""
+    """Several authors with a limit: one newest-first scan per author, merged and cut at
+    the limit (each author a scalar parameter); beyond MERGE_AUTHORS_MAX one LATERAL
+    probe per author over an array parameter. Counting ignores both."""
     other = "b" * 64
     text, params = sql.build_query([Filter(authors=[PK, other, PK], kinds=[1], limit=5)], "t")  # type: ignore[misc]
-    assert "CROSS JOIN LATERAL" in text and "pubkey = a.pk" in text
+    assert text.count("UNION ALL") == 1 and "LATERAL" not in text and "{author}" not in text
     assert placeholders(text) == set(range(1, len(params) + 1))
-    assert [bytes.fromhex(PK), bytes.fromhex(other)] in params
-    assert text.count("LIMIT") == 2
+    assert bytes.fromhex(PK) in params and bytes.fromhex(other) in params
+    assert text.count("LIMIT") == 3
+    many = [f"{i:064x}" for i in range(sql.MERGE_AUTHORS_MAX + 1)]
+    text, params = sql.build_query([Filter(authors=many, kinds=[1], limit=5)], "t")  # type: ignore[misc]
+    assert "CROSS JOIN LATERAL" in text and "pubkey = a.pk" in text and "UNION" not in text
+    assert placeholders(text) == set(range(1, len(params) + 1))
+    assert [bytes.fromhex(a) for a in many] in params
     count, _ = sql.build_count([Filter(authors=[PK, other], limit=5)], "t")  # type: ignore[misc]
-    assert "LATERAL" not in count
+    assert "LATERAL" not in count and "UNION" not in count
 
 
 def test_engram_head_is_one_address_probe() -> None:

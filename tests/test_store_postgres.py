@@ -460,6 +460,10 @@ async def test_concurrent_reads_share_statements(
         for pk in (*PK, "0" * 64):
             shapes.append(([Filter(authors=[pk], limit=limit)], None))
             shapes.append(([Filter(authors=[pk], kinds=[1], until=40, limit=limit)], None))
+        shapes.append(([Filter(authors=PK[:2], limit=limit)], None))
+        shapes.append(([Filter(authors=[*PK, "0" * 64], kinds=[1, 30000], limit=limit)], None))
+        many = [*PK, *(f"{i:064x}" for i in range(40))]  # beyond MERGE_AUTHORS_MAX: LATERAL
+        shapes.append(([Filter(authors=many, since=15, limit=limit)], None))
         shapes.append(([Filter(tags={"e": ["x" * 64]}, limit=limit)], None))
         shapes.append(([Filter(tags={"t": ["pg"]}, since=20, limit=limit)], None))
     head = Filter(kinds=[KIND_ENGRAM], authors=[PK[3]], tags={"p": [PK[3]], "d": ["slug"]})

@@ -347,7 +347,7 @@ def _conditions(f: Filter, p: _Params, author_ref: str | None = None) -> list[st
         authors = [bytes.fromhex(a) for a in dict.fromkeys(f.authors) if is_hex(a, 64)]
         if not authors:
             return None
-        if author_ref is not None:  # one author per LATERAL probe (see _per_author)
+        if author_ref is not None:  # one author per scan (see _per_author, build_query)
             conds.append(f"pubkey = {author_ref}")
         else:
             conds.append(_eq("pubkey", p.add(_one_or_all(authors)), "bytea", len(authors)))
@@ -409,6 +409,12 @@ def _one_address(f: Filter) -> bool:
     )
 
 
+# Several authors: up to this many are read as merged per-author index scans, more
+# through one LATERAL probe per author (see build_query).
+MERGE_AUTHORS_MAX = 32
+_AUTHOR = "{author}"  # stands for the author of one per-author scan while building
+
+
 def _per_author(f: Filter) -> list[bytes] | None:
     """The distinct authors of a limited filter naming several (and no ids), else None."""
     if f.authors is None or f.ids is not None or f.limit is None or len(f.authors) < 2:
@@ -432,7 +438,7 @@ def build_query(
         if f.limit == 0:
             continue
         authors = _per_author(f)
-        conds = p.conditions(f, None if authors is None else "a.pk")
+        conds = p.conditions(f, None if authors is None else _AUTHOR)
         if conds is None:
             continue
         where = " AND ".join(["tenant = $1", *conds])
@@ -444,13 +450,23 @@ def build_query(
             continue
         limit = "" if f.limit is None else f" LIMIT {p.add(f.limit)}::int8"
         select = f"SELECT {SELECT_COLUMNS} FROM events WHERE {where} {_ORDER}{limit}"
-        if authors is not None:
-            # Newest `limit` of each author (one ordered index probe each), then the
-            # newest `limit` of those: cost bounded by authors x limit, not by how long
-            # the authors' histories are.
+        if authors is not None and len(authors) <= MERGE_AUTHORS_MAX:
+            # One newest-first index scan per author, merged (Merge Append) and cut at
+            # `limit`: about limit + authors rows are read, however long the histories
+            # (bench scale, 20 authors at 1M events: 0.6 ms of PostgreSQL CPU, against
+            # 2 ms for LATERAL below, which reads limit rows of every author).
+            subs = [select.replace(_AUTHOR, f"{p.add(a)}::bytea") for a in authors]
+            select = (
+                f"SELECT {SELECT_COLUMNS} FROM ({' UNION ALL '.join(f'({x})' for x in subs)})"
+                f" u {_ORDER}{limit}"
+            )
+        elif authors is not None:
+            # Many authors (one statement text per count above would not pay): newest
+            # `limit` of each author (one ordered index probe each), then the newest
+            # `limit` of those, bounded by authors x limit, not by the histories.
             select = (
                 f"SELECT {SELECT_COLUMNS} FROM unnest({p.add(authors)}::bytea[]) AS a(pk)"
-                f" CROSS JOIN LATERAL ({select}) e {_ORDER}{limit}"
+                f" CROSS JOIN LATERAL ({select.replace(_AUTHOR, 'a.pk')}) e {_ORDER}{limit}"
             )
         parts.append(select)
     if not parts:
