@@ -459,6 +459,16 @@ def write_charts(steps: list[Step], directory: Path) -> list[Path]:
     )
     if p:
         out.append(p)
+    p = charts.lines(
+        directory / "scale-cpu.png",
+        "relay+PostgreSQL CPU per query against store size (us)",
+        xs,
+        {q: [s.cpu_us.get(q) for s in sized] for q in QUERIES},
+        "events in the store",
+        "CPU us per query",
+    )
+    if p:
+        out.append(p)
     ing = [s for s in steps if s.ingest_rate]
     p = charts.bars(
         directory / "scale-ingest.png",
