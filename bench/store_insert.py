@@ -65,7 +65,7 @@ class CopyStore(PostgresStore):
         await conn.copy_records_to_table(
             "events_in", records=records, columns=_COPY_COLUMNS.split(", ")
         )
-        stmt = sql.replace(q._UNNEST, _FROM_TEMP)
+        stmt = sql.replace(q._UNNEST, _FROM_TEMP).replace("$13::text", "$1::text")  # origin
         return set(map(tuple, await conn.fetch(stmt, self.node_id)))
 
 

@@ -21,7 +21,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from relay import metrics, nip11, page, retention
+from relay import gctune, metrics, nip11, page, retention
 from relay.config import Settings
 from relay.pipeline import Relay
 from relay.store import StoreError
@@ -97,6 +97,7 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
         tail = asyncio.create_task(bus.run(relay.deliver_remote))
         pruner = retention.start(settings, database_url)  # None unless [retention] is set
         worker = metrics.start_worker()  # None unless one of `--workers N`
+        gctune.tune(settings.gc_threshold0)
         try:
             yield
         finally:

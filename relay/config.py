@@ -84,6 +84,9 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ping_interval_seconds: float = 30.0  # websocket ping of every connection...
     ping_timeout_seconds: float = 20.0  # ...closed when the pong is this late (dead peer)
     query_timeout_seconds: float = 10.0  # statement timeout of every REQ/COUNT query
+    read_concurrency: int = 4  # REQ/COUNT statements in flight at once (relay.store.readbatch)
+    read_batch_max: int = 32  # concurrent REQs of one shape run as one statement, at most
+    gc_threshold0: int = 20_000  # young-generation GC threshold, start-up frozen (0: off)
     expired_purge_seconds: float = 60.0  # NIP-40: how often expired events are purged
     bus_poll_seconds: float = 1.0  # cross-node tail read without a wake-up (fallback)
     db_pool_min: int = 2

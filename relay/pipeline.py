@@ -305,7 +305,8 @@ class Relay:
             return
         metrics.req_done(tenant.key, started)
         session.send(wire.eose(sub_id))
-        fanout.go_live(sub, {wire.raw_id(raw) for raw in rows})
+        # ids of what was sent only if something was published meanwhile (rarely)
+        fanout.go_live(sub, {wire.raw_id(raw) for raw in rows} if sub.pending else set())
 
     # -- AUTH -------------------------------------------------------------------
 

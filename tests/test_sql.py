@@ -104,7 +104,7 @@ def test_skipped_filter_leaves_no_stray_parameter() -> None:
     text, params = sql.build_query(filters, "t", viewer=PK)  # type: ignore[misc]
     assert "UNION" not in text
     assert placeholders(text) == set(range(1, len(params) + 1))
-    assert params == ["t", [7], 2]  # kind 7 only: no engram gate, so no viewer parameter
+    assert params == ["t", 7, 2]  # kind 7 only: no engram gate, so no viewer parameter
 
 
 def test_engram_gate_clause() -> None:
@@ -145,3 +145,44 @@ def test_encode_row(make_event: Callable[..., Event]) -> None:
     ):
         with pytest.raises(sql.RowError, match=why):
             sql.encode_row(bad, b"")
+
+
+def test_one_value_is_a_plain_equality() -> None:
+    """One author/kind/id is `col = $n` (an ordered index scan that stops at the limit);
+    several stay `= ANY($n)`."""
+    text, params = sql.build_query([Filter(authors=[PK], kinds=[1], limit=10)], "t")  # type: ignore[misc]
+    assert "pubkey = $2::bytea" in text and "kind = $3::int4" in text
+    assert "ANY" not in text
+    assert params[1:4] == [bytes.fromhex(PK), 1, 10]
+    text, params = sql.build_query([Filter(ids=[PK, "0" * 64], kinds=[1, 7], limit=3)], "t")  # type: ignore[misc]
+    assert "id = ANY($2::bytea[])" in text and "kind = ANY($3::int4[])" in text
+
+
+def test_several_authors_read_per_author() -> None:
+    """Several authors with a limit: one newest-first scan per author, merged and cut at
+    the limit (each author a scalar parameter); beyond MERGE_AUTHORS_MAX one LATERAL
+    probe per author over an array parameter. Counting ignores both."""
+    other = "b" * 64
+    text, params = sql.build_query([Filter(authors=[PK, other, PK], kinds=[1], limit=5)], "t")  # type: ignore[misc]
+    assert text.count("UNION ALL") == 1 and "LATERAL" not in text and "{author}" not in text
+    assert placeholders(text) == set(range(1, len(params) + 1))
+    assert bytes.fromhex(PK) in params and bytes.fromhex(other) in params
+    assert text.count("LIMIT") == 3
+    many = [f"{i:064x}" for i in range(sql.MERGE_AUTHORS_MAX + 1)]
+    text, params = sql.build_query([Filter(authors=many, kinds=[1], limit=5)], "t")  # type: ignore[misc]
+    assert "CROSS JOIN LATERAL" in text and "pubkey = a.pk" in text and "UNION" not in text
+    assert placeholders(text) == set(range(1, len(params) + 1))
+    assert [bytes.fromhex(a) for a in many] in params
+    count, _ = sql.build_count([Filter(authors=[PK, other], limit=5)], "t")  # type: ignore[misc]
+    assert "LATERAL" not in count and "UNION" not in count
+
+
+def test_engram_head_is_one_address_probe() -> None:
+    """kinds [30174] + one author + one `#d`: the unique address, no ORDER BY or LIMIT."""
+    f = Filter(kinds=[KIND_ENGRAM], authors=[PK], tags={"p": [PK], "d": ["slug"]}, limit=1)
+    text, params = sql.build_query([f], "t", viewer=PK)  # type: ignore[misc]
+    assert "d = $" in text and "ORDER BY" not in text and "LIMIT" not in text
+    assert placeholders(text) == set(range(1, len(params) + 1))
+    two = Filter(kinds=[KIND_ENGRAM], authors=[PK], tags={"d": ["a", "b"]}, limit=1)
+    text, _ = sql.build_query([two], "t", viewer=PK)  # type: ignore[misc]
+    assert "LIMIT" in text

@@ -446,6 +446,39 @@ async def test_count(store: PostgresStore, corpus: dict[str, Event]) -> None:
     assert await store.count([Filter()], tenant="elsewhere") == 0
 
 
+async def test_concurrent_reads_share_statements(
+    store: PostgresStore, corpus: dict[str, Event], make_event: MakeEvent
+) -> None:
+    """REQs and COUNTs issued together (batched into shared statements by readbatch) get
+    exactly what each gets alone, each in its own order and limit, under the read gate."""
+    engram = make_event(
+        SK[3], kind=KIND_ENGRAM, tags=[["d", "slug"], ["p", PK[3]]], content="x", created_at=50
+    )
+    assert await put(store, engram) is STORED
+    shapes: list[tuple[list[Filter], str | None]] = []
+    for limit in (1, 2, 5):
+        for pk in (*PK, "0" * 64):
+            shapes.append(([Filter(authors=[pk], limit=limit)], None))
+            shapes.append(([Filter(authors=[pk], kinds=[1], until=40, limit=limit)], None))
+        shapes.append(([Filter(authors=PK[:2], limit=limit)], None))
+        shapes.append(([Filter(authors=[*PK, "0" * 64], kinds=[1, 30000], limit=limit)], None))
+        many = [*PK, *(f"{i:064x}" for i in range(40))]  # beyond MERGE_AUTHORS_MAX: LATERAL
+        shapes.append(([Filter(authors=many, since=15, limit=limit)], None))
+        shapes.append(([Filter(tags={"e": ["x" * 64]}, limit=limit)], None))
+        shapes.append(([Filter(tags={"t": ["pg"]}, since=20, limit=limit)], None))
+    head = Filter(kinds=[KIND_ENGRAM], authors=[PK[3]], tags={"p": [PK[3]], "d": ["slug"]})
+    for viewer in (PK[3], PK[0], None):
+        shapes.append(([head], viewer))
+    alone = [await store.query(fs, viewer=v) for fs, v in shapes]
+    counts_alone = [await store.count(fs, viewer=v) for fs, v in shapes]
+    for _ in range(3):
+        together = await asyncio.gather(*(store.query(fs, viewer=v) for fs, v in shapes))
+        assert list(together) == alone
+        counts = await asyncio.gather(*(store.count(fs, viewer=v) for fs, v in shapes))
+        assert list(counts) == counts_alone
+    assert alone[-3] == [raw(engram)] and alone[-2] == [] and alone[-1] == []
+
+
 async def test_tenant_isolation(store: PostgresStore, make_event: MakeEvent) -> None:
     ev = make_event(SK[0], kind=10002, content="shared", created_at=5)
     newer = make_event(SK[0], kind=10002, content="newer", created_at=6)

@@ -1,11 +1,11 @@
 """The live bus on PostgreSQL: LISTEN for wake-ups, then tail committed rows.
 
-Stored events: after each committed batch the writer sends one NOTIFY (a wake-up only;
-payloads cap at 8000 bytes). Woken, or every `poll` seconds regardless, a node reads the
-rows of transactions that finished since it last looked (see migration 0004), skipping
-the ones it stored itself. The LISTEN connection is dedicated and direct (never through a
-transaction-pooling proxy); when it drops, the node reconnects and catches up from its
-last position.
+Stored events: after each committed batch the writer sends one NOTIFY (a wake-up whose
+payload names the writing node; payloads cap at 8000 bytes). Woken by another node, or
+every `poll` seconds regardless, a node reads the rows other nodes stored in
+transactions that finished since it last looked (see migration 0004). The LISTEN
+connection is dedicated and direct (never through a transaction-pooling proxy); when it
+drops, the node reconnects and catches up from its last position.
 
 Ephemeral events (never stored) travel in the NOTIFY payload itself when they fit
 (origin, tenant and event under 8000 bytes); larger ones reach only the node's own
@@ -102,8 +102,9 @@ class PostgresBus:
         delay = 0.1
         origin = self.store.node_id
 
-        def on_stored(*_: Any) -> None:
-            self._wake.set()
+        def on_stored(_c: Any, _pid: int, _channel: str, payload: str) -> None:
+            if payload != origin:  # this node's own batches were delivered when stored
+                self._wake.set()
 
         def on_ephemeral(_c: Any, _pid: int, _channel: str, payload: str) -> None:
             sender, _, rest = payload.partition("\n")

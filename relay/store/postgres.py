@@ -24,6 +24,7 @@ from relay.filters import Filter
 from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError, tenants
 from relay.store import sql as q
 from relay.store.migrate import apply_migrations, migration_status
+from relay.store.readbatch import ReadBatcher, batchable
 from relay.store.sql import Row, RowError, encode_row
 from relay.tenants import TenantConfig
 
@@ -106,6 +107,7 @@ class PostgresStore:
         self.node_id = uuid.uuid4().hex  # `origin` of the rows this process stores
         self.bus_held_back = False  # set by bus_read (relay.store.pgbus reports it)
         self._written_since_analyze = 0
+        self._analyze_every = _ANALYZE_EVERY
         self._analyzing = False
         self._analyze_task: asyncio.Task[None] | None = None
         self._pending: collections.deque[_Pending] = collections.deque()
@@ -113,6 +115,9 @@ class PostgresStore:
         self._closing = False
         self._writers: list[asyncio.Task[None]] = []
         self._write_concurrency = max(1, settings.write_concurrency)
+        self._reads = ReadBatcher(
+            pool, self._query_timeout, settings.read_batch_max, settings.read_concurrency
+        )
 
     @classmethod
     async def open(cls, dsn: str, settings: Settings) -> PostgresStore:
@@ -211,19 +216,28 @@ class PostgresStore:
             self._note_written(len(batch))
 
     def _note_written(self, rows: int) -> None:
-        """Refresh planner statistics after a burst of writes, sooner than autovacuum
-        would: right after a bulk load the planner took a scan of every engram of an
-        author for the index probe of an engram head fetch (bench: 7.6 ms of PostgreSQL
-        CPU per fetch on a fresh 120,000-engram store, 0.1 ms once analyzed)."""
+        """Refresh planner statistics after a burst of writes into a young store, sooner
+        than autovacuum would (tag and search plans depend on them).
+
+        The interval grows with the table (a fifth of its rows, at least _ANALYZE_EVERY):
+        ANALYZE of a 1M-row store took 6 s on this machine, and a fixed 50,000-row
+        interval ran it every ten seconds of ingest, on the live path's CPU. The common
+        reads no longer depend on fresh statistics (plain equalities, the address probe).
+        """
         self._written_since_analyze += rows
-        if self._written_since_analyze < _ANALYZE_EVERY or self._analyzing:
+        if self._written_since_analyze < self._analyze_every or self._analyzing:
             return
         self._written_since_analyze = 0
         self._analyzing = True
 
         async def analyze() -> None:
             try:
-                await self._pool.execute("ANALYZE events")
+                async with self._pool.acquire(timeout=_ACQUIRE_TIMEOUT) as conn:
+                    await conn.execute("ANALYZE events")
+                    rows = await conn.fetchval(
+                        "SELECT reltuples::int8 FROM pg_class WHERE oid = 'events'::regclass"
+                    )
+                self._analyze_every = max(_ANALYZE_EVERY, int(rows or 0) // 5)
             except Exception as exc:  # statistics are an optimisation, never an error
                 log.warning("ANALYZE failed: %s", _reason(exc))
             finally:
@@ -397,7 +411,7 @@ class PostgresStore:
         if built is None:
             return []
         rows = await self._fetch(*built)
-        if len(filters) == 1:
+        if len(filters) == 1:  # ordered by the statement (also within a batch: readbatch)
             return [r[0] for r in rows]
         merged = {r[2]: r for r in rows}  # the same event may match several filters
         return [r[0] for r in sorted(merged.values(), key=lambda r: (-r[1], r[2]))]
@@ -464,7 +478,7 @@ class PostgresStore:
         """Rows stored by other nodes in transactions finished since `position`:
         (next position, [(tenant, raw)]), in commit-safe order."""
         try:
-            rows = await self._pool.fetch(q.BUS_TAIL, position)
+            rows = await self._pool.fetch(q.BUS_TAIL, position, self.node_id)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError("error: could not read new events") from exc
         if not rows:  # pragma: no cover - the LEFT JOIN always yields the position row
@@ -487,6 +501,14 @@ class PostgresStore:
                 return total
 
     async def _fetch(self, sql: str, params: list[Any]) -> list[Any]:
+        if batchable(sql, params):
+            try:
+                return await self._reads.fetch(sql, params)
+            except TimeoutError as exc:  # asyncpg cancels the statement server-side
+                raise StoreError(f"error: query timed out after {self._query_timeout:g} s") from exc
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.error("query failed: %s", _reason(exc))
+                raise StoreError("error: could not read from the database") from exc
         try:
             async with self._pool.acquire(timeout=_ACQUIRE_TIMEOUT) as conn:
                 try:
