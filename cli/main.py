@@ -47,6 +47,14 @@ def serve(
     workers: Annotated[
         int, typer.Option(min=1, help="Relay processes on this port (live events shared).")
     ] = 1,
+    replica_url: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--replica-url",
+            help="Read replica (streaming standby) URL for REQ/COUNT; repeatable"
+            " (env: ENGRAM_REPLICA_URLS, comma-separated).",
+        ),
+    ] = None,
 ) -> None:
     """Run the relay (uvicorn + uvloop) on PostgreSQL; embedded PostgreSQL if no URL is set."""
     import uvicorn
@@ -63,6 +71,7 @@ def serve(
         tls_cert=tls_cert,
         tls_key=tls_key,
         log_format=log_format,
+        replica_urls=replica_url or None,
     )
     if bool(settings.tls_cert) != bool(settings.tls_key):
         typer.echo("engram: --tls-cert and --tls-key go together", err=True)
@@ -79,6 +88,7 @@ def serve(
                 "ENGRAM_DATABASE_URL": url,
                 **({"ENGRAM_CONFIG": config} if config else {}),
                 **({"ENGRAM_LOG_FORMAT": settings.log_format} if log_format else {}),
+                **({"ENGRAM_REPLICA_URLS": ",".join(replica_url)} if replica_url else {}),
             }
         )
     options = dict(

@@ -89,6 +89,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     db_pool_max: int = 10
     log_level: str = "info"  # debug | info | warning | error | critical
     log_format: str = "text"  # text (human-readable) | json (one JSON object per line)
+    # Read replicas (relay/store/replicas.py): REQ/COUNT read from streaming replicas.
+    replica_urls: list[str] = msgspec.field(default_factory=list)  # env: comma-separated
+    replica_max_lag_seconds: float = 10.0  # a replica further behind leaves the rotation
+    replica_check_seconds: float = 1.0  # health and lag check of every replica
+    replica_wait_seconds: float = 0.25  # read-your-writes: wait this long, then the primary
 
 
 class ConfigError(ValueError):
@@ -96,6 +101,8 @@ class ConfigError(ValueError):
 
 
 def _coerce(value: str, current: Any, name: str) -> Any:
+    if isinstance(current, list):  # e.g. ENGRAM_REPLICA_URLS: comma-separated
+        return [v.strip() for v in value.split(",") if v.strip()]
     if isinstance(current, bool):
         low = value.strip().lower()
         if low in ("1", "true", "yes", "on"):
