@@ -129,12 +129,17 @@ def export(
     async def action(conn: Any) -> tuple[str, int]:
         registry = _registry(settings, await db.load_tenants(conn), 0)
         key = _tenant("export", registry, tenant).key
-        n = 0
-        async for raw in m.export_raw(conn, key, lo, hi):
-            if b"\n" in raw:  # stored JSON is compact; a newline could only be whitespace
-                raw = raw.replace(b"\n", b" ")
-            out.write(raw + b"\n")
-            n += 1
+
+        async def write(events_db: Any) -> int:  # the tenant's own database, if it has one
+            n = 0
+            async for raw in m.export_raw(events_db, key, lo, hi):
+                if b"\n" in raw:  # stored JSON is compact; a newline could only be whitespace
+                    raw = raw.replace(b"\n", b" ")
+                out.write(raw + b"\n")
+                n += 1
+            return n
+
+        n = await db.on_events_database(conn, key, write)
         out.flush()
         return key, n
 
@@ -331,11 +336,11 @@ async def _run_import(
     from relay.app import refresh_tenants
     from relay.pipeline import Relay
     from relay.store import StoreError
-    from relay.store.postgres import PostgresStore
+    from relay.store.router import StoreRouter
     from relay.tenants import TenantRegistry
 
-    try:
-        store = await PostgresStore.open(url, settings)
+    try:  # the router: a tenant with its own database is imported there
+        store = await StoreRouter.open(url, settings)
     except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
         raise StoreError(f"error: cannot reach the database: {exc}") from exc
     try:

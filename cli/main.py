@@ -127,13 +127,14 @@ def bench(ctx: typer.Context) -> None:
 
 @app.command()
 def migrate(database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
-    """Apply pending migrations (the relay also does this at start-up)."""
-    from relay.store.migrate import migrate_url
+    """Apply pending migrations, on tenant databases too (the relay also does this)."""
+    from cli.ops import mask_url
+    from relay.store.tenants import migrate_everywhere
 
     settings = settings_or_exit(database_url=database_url, data_dir=data_dir)
     url, _embedded = resolve_database_url(settings)
-    for name in asyncio.run(migrate_url(url)):
-        typer.echo(f"applied {name}")
+    for where, name in asyncio.run(migrate_everywhere(url)):
+        typer.echo(f"applied {name}" + (f" on {mask_url(where)}" if where else ""))
 
 
 @db_app.command("status")
