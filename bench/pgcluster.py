@@ -93,7 +93,7 @@ class Cluster:
             conf.write(
                 "\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = ''\n"
                 "max_wal_senders = 10\nwal_level = replica\nhot_standby = on\n"
-                "shared_buffers = 32MB\nmax_connections = 200\n"
+                "shared_buffers = 128MB\nmax_connections = 200\n"
             )
         # initdb --auth=trust already allows `host replication all 127.0.0.1/32`
         node.start()

@@ -7,15 +7,21 @@ data directory, default durability: fsync=on, synchronous_commit=on), then runs
 
   1. a relay on the primary alone: ingest (kind1) and REQ phases, CPU of the primary;
   2. a relay with `--replica-url`: the REQ phase again, CPU of the primary;
-  3. the same relay: the REQ phase again, CPU of the replica.
+  3. the same relay: the REQ phase again, CPU of the replica;
+  4. the relay on the primary alone again, REQ phase: how much the machine drifted;
+  5. with `--idle-nodes N` (default 3): ingest again (fresh events) while N more relay
+     nodes run on the same database, each tailing the live bus: the primary's extra CPU
+     per event is what N more nodes cost it.
 
-So the REQ phase's `pg CPU us/op` says where the read work went. Extra options are
+So the REQ phase's `pg CPU us/op` says where the read work went. Other options are
 passed to `bench load` (e.g. `--events 20000 --reqs 20000`).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -75,7 +81,9 @@ async def _create(url: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    extra = list(argv or [])
+    parser = argparse.ArgumentParser(prog="python -m bench replicas", add_help=False)
+    parser.add_argument("--idle-nodes", type=int, default=3)
+    ours, extra = parser.parse_known_args(argv or [])
     cluster = Cluster()
     try:
         replica = cluster.add_replica()
@@ -86,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             ("primary alone", (), "kind1,req", primary.pid),
             ("with a replica: primary CPU", ("--replica-url", rdb), "req", primary.pid),
             ("with a replica: replica CPU", ("--replica-url", rdb), "req", replica.pid),
+            ("primary alone again (the machine's drift)", (), "req", primary.pid),
         ]
         for title, args, phases, pg_pid in runs:
             print(f"\n== {title} ==", flush=True)
@@ -93,6 +102,14 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(2)  # the replica's first health checks
                 argv_load = ["--url", url, "--pid", str(pid), "--pg-pid", str(pg_pid)]
                 load.main([*argv_load, "--phases", phases, *extra])
+        if ours.idle_nodes:
+            print(f"\n== ingest with {ours.idle_nodes} more nodes tailing the bus ==", flush=True)
+            with contextlib.ExitStack() as stack:
+                for _ in range(ours.idle_nodes):
+                    stack.enter_context(relay(db))
+                with relay(db) as (url, pid):
+                    argv_load = ["--url", url, "--pid", str(pid), "--pg-pid", str(primary.pid)]
+                    load.main([*argv_load, "--phases", "kind1", "--seed", "2", *extra])
     finally:
         cluster.close()
     return 0

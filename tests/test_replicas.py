@@ -223,3 +223,18 @@ async def test_paused_replay_read_your_writes_and_lag(start_relay, dbs):
     finally:
         await admin.execute("SELECT pg_wal_replay_resume()")
         await admin.close()
+
+
+def test_replica_urls_from_env_masked_and_labelled():
+    import msgspec
+
+    from cli.ops import masked
+    from relay.config import load_settings
+    from relay.store.replicas import label
+
+    urls = "postgresql://u:secret1@a:5433/db, postgresql://u:secret2@b/db"
+    s = load_settings(env={"ENGRAM_REPLICA_URLS": urls})
+    assert s.replica_urls == ["postgresql://u:secret1@a:5433/db", "postgresql://u:secret2@b/db"]
+    assert "secret" not in str(masked(msgspec.to_builtins(s)))
+    assert [label(u) for u in s.replica_urls] == ["a:5433/db", "b/db"]
+    assert load_settings(env={"ENGRAM_REPLICA_URLS": ""}).replica_urls == []
