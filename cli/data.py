@@ -488,14 +488,22 @@ def prune(
             typer.echo(f"\rdeleted {deleted}…", err=True, nl=False)
 
     async def action(conn: Any) -> dict[str, tuple[int, int]]:
+        configs = await db.load_tenants(conn)
+        own = {c.host for c in configs if c.database_url}  # on databases of their own
         if tenant is None:
-            keys = await m.list_tenants(conn)
+            keys = [k for k in await m.list_tenants(conn) if k not in own] + sorted(own)
         else:
-            registry = _registry(settings, await db.load_tenants(conn), 0)
-            keys = [_tenant("prune", registry, tenant).key]
-        if dry_run:
-            return {k: (await m.count_prunable(conn, k, cutoff, selection), 0) for k in keys}
-        return await m.prune_tenants(conn, keys, cutoff, selection, batch, between)
+            keys = [_tenant("prune", _registry(settings, configs, 0), tenant).key]
+
+        async def one(key: str) -> tuple[int, int]:
+            async def run(c: Any) -> tuple[int, int]:
+                if dry_run:
+                    return await m.count_prunable(c, key, cutoff, selection), 0
+                return await m.prune(c, key, cutoff, selection, batch, between)
+
+            return await db.on_events_database(conn, key, run)
+
+        return {k: await one(k) for k in keys}
 
     try:
         done = asyncio.run(run_admin(url, action))

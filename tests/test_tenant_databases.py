@@ -213,3 +213,43 @@ async def test_move_under_running_writers_loses_nothing(placed):
         e = ev(sk, "after the move, live")
         assert (await pub.publish(e))[2] is True
         assert await received(sub, e.id) == [e.id]
+
+
+async def test_cli_export_import_prune_rm_use_the_tenant_database(pg_server_url, tmp_path):
+    control = await create_database(pg_server_url)
+    a_db = await create_database(pg_server_url)
+    await asyncio.to_thread(cli, control, "add", "a.test", "--tenant-database-url", a_db)
+    sk = key(3)
+    old = sign_event(sk, int(time.time()) - 10 * 86400, 1, [], "old", AUX)
+    new = ev(sk, "new")
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(msgspec_json(e) + b"\n" for e in (old, new)))
+
+    def engram(*args: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "cli.main", *args, "--database-url", control],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert "imported 2" in await asyncio.to_thread(engram, "import", str(src), "--tenant", "a.test")
+    stored = {bytes(r[0]).hex() for r in await rows(a_db, "SELECT id FROM events")}
+    assert stored == {old.id, new.id}
+    assert await rows(control, "SELECT 1 FROM events") == []
+    out = await asyncio.to_thread(engram, "export", "--tenant", "a.test")
+    assert {json.loads(line)["id"] for line in out.splitlines()} == {old.id, new.id}
+    pruned = await asyncio.to_thread(engram, "prune", "--older-than", "5d", "--tenant", "a.test")
+    assert pruned.startswith("deleted 1 events")
+    assert {bytes(r[0]).hex() for r in await rows(a_db, "SELECT id FROM events")} == {new.id}
+    removed = await asyncio.to_thread(cli, control, "rm", "a.test", "--purge")
+    assert "1 events deleted" in removed.stdout
+    assert await rows(a_db, "SELECT 1 FROM events") == []
+
+
+def msgspec_json(event) -> bytes:
+    import msgspec
+
+    return msgspec.json.encode(event)
