@@ -13,7 +13,6 @@ import collections
 import logging
 import time
 import uuid
-from collections.abc import Iterable
 from typing import Any
 
 import asyncpg
@@ -25,7 +24,6 @@ from relay.filters import Filter
 from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError, tenants
 from relay.store import sql as q
 from relay.store.migrate import apply_migrations, migration_status
-from relay.store.replicas import PRIMARY_POSITION, ReplicaSet
 from relay.store.sql import Row, RowError, encode_row
 from relay.tenants import TenantConfig
 
@@ -100,6 +98,8 @@ def _reason(exc: BaseException) -> str:
 class PostgresStore:
     """EventStore on PostgreSQL. Create with `await PostgresStore.open(dsn, settings)`."""
 
+    replicas: Any = None  # a relay.store.replicas.ReplicaSet when read replicas are set
+
     def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
         self._pool = pool
         metrics.watch_pool(self, pool)
@@ -114,9 +114,6 @@ class PostgresStore:
         self._closing = False
         self._writers: list[asyncio.Task[None]] = []
         self._write_concurrency = max(1, settings.write_concurrency)
-        self.replicas: ReplicaSet | None = None  # read replicas (relay.store.replicas)
-        self._positions: dict[str, int] = {}  # tenant -> WAL a replica must hold to read
-        self._primary_only_until = 0.0  # position unknown after a commit: primary reads
 
     @classmethod
     async def open(cls, dsn: str, settings: Settings) -> PostgresStore:
@@ -136,7 +133,9 @@ class PostgresStore:
             await pool.close()
             raise
         store = cls(pool, settings)
-        if settings.replica_urls:
+        if settings.replica_urls:  # REQ/COUNT from read replicas (relay.store.replicas)
+            from relay.store.replicas import ReplicaSet
+
             store.replicas = ReplicaSet(settings.replica_urls, settings, pool)
             await store.replicas.start()
         # Several writers: while one batch waits for its commit (fsync), the next is being
@@ -215,7 +214,7 @@ class PostgresStore:
                 continue
             metrics.batch_written(len(batch), started)
             if self.replicas is not None:  # before any OK: read-your-writes
-                await self._note_position(p.tenant for p in batch)
+                await self.replicas.note_position()
             for p, result in zip(batch, results, strict=True):
                 if not p.future.done():
                     p.future.set_result(result)
@@ -407,7 +406,7 @@ class PostgresStore:
         built = q.build_query(filters, tenant, viewer, int(time.time()))
         if built is None:
             return []
-        rows = await self._fetch(*built, tenant)
+        rows = await self._fetch(*built)
         if len(filters) == 1:
             return [r[0] for r in rows]
         merged = {r[2]: r for r in rows}  # the same event may match several filters
@@ -423,7 +422,7 @@ class PostgresStore:
         built = q.build_count(filters, tenant, viewer, int(time.time()))
         if built is None:
             return 0
-        rows = await self._fetch(*built, tenant)
+        rows = await self._fetch(*built)
         return int(rows[0][0])
 
     async def tenant_version(self) -> int:
@@ -480,9 +479,9 @@ class PostgresStore:
             raise StoreError("error: could not read new events") from exc
         if not rows:  # pragma: no cover - the LEFT JOIN always yields the position row
             return position, []
+        if self.replicas is not None and rows[-1][2] is not None:  # before they go live
+            await self.replicas.note_position()
         out = [(r[1], r[2]) for r in rows if r[2] is not None and r[3] != self.node_id]
-        if out and self.replicas is not None:  # before they go live: no REQ may miss them
-            await self._note_position(t for t, _ in out)
         return rows[0][0], out
 
     async def purge_expired(self, now: int, batch: int = 5_000) -> int:
@@ -498,27 +497,9 @@ class PostgresStore:
             if n < batch:
                 return total
 
-    # --- read replicas (relay.store.replicas) ---------------------------------------
-
-    async def _note_position(self, tenants: Iterable[str]) -> None:
-        """Record the primary's WAL write position for these tenants: everything this node
-        acknowledged or delivered live for them so far lies before it."""
-        keys = set(tenants)
-        try:
-            position = int(await self._pool.fetchval(PRIMARY_POSITION, timeout=5))
-        except Exception as exc:  # unknown: every read goes to the primary for a while
-            log.warning("WAL position unavailable (%s); reading the primary", _reason(exc))
-            assert self.replicas is not None
-            self._primary_only_until = time.monotonic() + self.replicas.max_lag
-            return
-        for key in keys:
-            if position > self._positions.get(key, 0):
-                self._positions[key] = position
-
-    async def _fetch(self, sql: str, params: list[Any], tenant: str | None = None) -> list[Any]:
-        if self.replicas is not None and time.monotonic() >= self._primary_only_until:
-            after = self._positions.get(tenant, 0) if tenant is not None else 0
-            rows = await self.replicas.fetch(sql, params, after, self._query_timeout)
+    async def _fetch(self, sql: str, params: list[Any]) -> list[Any]:
+        if self.replicas is not None:  # a healthy replica that has replayed our writes
+            rows = await self.replicas.fetch(sql, params, self._query_timeout)
             if rows is not None:
                 return rows  # type: ignore[no-any-return]
         try:

@@ -8,12 +8,12 @@ this module only decides, per read, whether a replica may answer it:
   (sampled primary write positions, so an idle primary never makes a replica look late).
   A replica that fails or lags past `replica_max_lag_seconds` leaves the rotation and
   comes back by itself at the first good check.
-- Read-your-writes: the caller passes a WAL position (`after`) that the replica must have
-  replayed. The store records its primary's write position after every commit and after
-  every event the live bus delivered, per tenant, so a replica answers a REQ only once it
-  holds everything this node has already acknowledged or sent live for that tenant (no
-  gap between the stored part of a REQ and its live part). A replica still short of it
-  gets `replica_wait_seconds`, then the primary answers.
+- Read-your-writes: the store calls `note_position` after every committed batch and
+  before the live bus hands on events, which records the primary's WAL write position. A
+  replica answers a read only once it has replayed that position, so it holds everything
+  this node has already acknowledged or sent live (a connection reads its own writes, and
+  nothing falls between the stored part of a REQ and its live part). A replica still short
+  of it gets `replica_wait_seconds`, then the primary answers.
 - A read that fails on a replica is never the client's failure: the caller falls back to
   the primary (`fetch` returns None).
 """
@@ -141,6 +141,8 @@ class ReplicaSet:
         self._every = max(0.05, settings.replica_check_seconds)
         self._wait = settings.replica_wait_seconds
         self._next = 0
+        self.position = 0  # WAL a replica must have replayed to answer (see note_position)
+        self._primary_only_until = 0.0  # position unknown: the primary answers until then
         # (monotonic time, primary write position), newest last, for the lag
         self._samples: collections.deque[tuple[float, int]] = collections.deque()
         self._monitor: asyncio.Task[None] | None = None
@@ -188,13 +190,24 @@ class ReplicaSet:
                 return r
         return None
 
-    async def fetch(self, sql: str, params: list[Any], after: int, timeout: float) -> Any:
-        """Rows from a healthy replica that has replayed `after`, or None: the primary
+    async def note_position(self) -> None:
+        """Record the primary's WAL write position: everything this node acknowledged or
+        delivered live so far lies before it."""
+        try:
+            position = int(await self._primary.fetchval(PRIMARY_POSITION, timeout=5))
+        except Exception as exc:  # unknown: every read goes to the primary for a while
+            log.warning("WAL position unavailable (%s); reading the primary", exc)
+            self._primary_only_until = time.monotonic() + self.max_lag
+            return
+        self.position = max(self.position, position)
+
+    async def fetch(self, sql: str, params: list[Any], timeout: float) -> Any:
+        """Rows from a healthy replica that has replayed `position`, or None: the primary
         must answer (no healthy replica, none caught up in time, or the read failed)."""
         r = self._pick()
-        if r is None or r.pool is None:
+        if r is None or r.pool is None or time.monotonic() < self._primary_only_until:
             return None
-        if not await r.reach(after, self._wait):
+        if not await r.reach(self.position, self._wait):
             return None
         try:
             async with r.pool.acquire(timeout=_CONNECT_TIMEOUT) as conn:
