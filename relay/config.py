@@ -85,15 +85,15 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     query_timeout_seconds: float = 10.0  # statement timeout of every REQ/COUNT query
     expired_purge_seconds: float = 60.0  # NIP-40: how often expired events are purged
     bus_poll_seconds: float = 1.0  # cross-node tail read without a wake-up (fallback)
-    db_pool_min: int = 2
-    db_pool_max: int = 10
-    log_level: str = "info"  # debug | info | warning | error | critical
-    log_format: str = "text"  # text (human-readable) | json (one JSON object per line)
     # Read replicas (relay/store/replicas.py): REQ/COUNT read from streaming replicas.
     replica_urls: list[str] = msgspec.field(default_factory=list)  # env: comma-separated
     replica_max_lag_seconds: float = 10.0  # a replica further behind leaves the rotation
     replica_check_seconds: float = 1.0  # health and lag check of every replica
     replica_wait_seconds: float = 0.25  # read-your-writes: wait this long, then the primary
+    db_pool_min: int = 2
+    db_pool_max: int = 10
+    log_level: str = "info"  # debug | info | warning | error | critical
+    log_format: str = "text"  # text (human-readable) | json (one JSON object per line)
 
 
 class ConfigError(ValueError):
