@@ -12,10 +12,10 @@ USAGE = """usage: python -m bench <command> [options]
 commands:
   micro     per-operation costs and ops/s of the protocol core and the store on this machine
   load      drive a running relay (--url ws://127.0.0.1:PORT) and report each phase
+  replicas  bench load on one PostgreSQL primary, then with a streaming read replica
   compare   start this relay and the peer relays on loopback, load each, print ratios
   crossnode publish -> delivery latency between two relay processes on one PostgreSQL
   soak      relay memory over a long mixed run (default 10 minutes)
-  replicas  REQ load on one PostgreSQL primary, then with a streaming read replica
 
 `python -m bench <command> --help` shows each command's options."""
 
@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import load
 
         return load.main(rest)
+    if command == "replicas":
+        from bench import replicas
+
+        return replicas.main(rest)
     if command == "compare":
         from bench import compare
 
@@ -42,10 +46,6 @@ def main(argv: list[str] | None = None) -> int:
         from bench import soak
 
         return soak.main(rest)
-    if command == "replicas":
-        from bench import replicas
-
-        return replicas.main(rest)
     if command == "crossnode":
         from bench import crossnode
 
