@@ -238,3 +238,17 @@ def test_replica_urls_from_env_masked_and_labelled():
     assert "secret" not in str(masked(msgspec.to_builtins(s)))
     assert [label(u) for u in s.replica_urls] == ["a:5433/db", "b/db"]
     assert load_settings(env={"ENGRAM_REPLICA_URLS": ""}).replica_urls == []
+
+
+def test_lag_is_the_age_of_the_oldest_wal_not_replayed():
+    from relay.config import Settings
+    from relay.store.replicas import ReplicaSet
+
+    rs = ReplicaSet([], Settings(), primary=None)  # type: ignore[arg-type]
+    assert rs.lag_of(0) == 0.0  # nothing sampled yet
+    now = time.monotonic()
+    rs._samples.extend([(now - 30, 100), (now - 20, 200), (now - 5, 300)])
+    assert rs.lag_of(300) == 0.0 and rs.lag_of(400) == 0.0  # holds all the primary wrote
+    assert rs.lag_of(250) >= 5.0 > rs.lag_of(250) - 15  # behind since the 300 sample
+    assert rs.lag_of(150) >= 20.0  # behind since the 200 sample
+    assert rs.lag_of(100) < rs.lag_of(99)  # an idle primary never makes it look late
