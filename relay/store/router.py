@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
 
 import msgspec
 
@@ -220,8 +219,3 @@ class RoutedBus:
         bus = self._buses.get(self._router.database_of(tenant))
         if bus is not None:
             await bus.publish_ephemeral(tenant, raw)
-
-    @property
-    def connected(self) -> Any:
-        """The relay database's LISTEN connection state (as PostgresBus.connected)."""
-        return self._buses[self._router.url].connected
