@@ -9,8 +9,9 @@ data directory, default durability: fsync=on, synchronous_commit=on), then runs
   2. a relay with `--replica-url`: the REQ phase again, CPU of the primary;
   3. the same relay: the REQ phase again, CPU of the replica;
   4. the relay on the primary alone again, REQ phase: how much the machine drifted;
-  5. ingest (fresh events) through the relay with `--replica-url`: what recording the WAL
-     position after every batch (read-your-writes) costs writes;
+  5. ingest (fresh events each time) through relays without and with `--replica-url`,
+     alternated twice: what recording the WAL position after every batch
+     (read-your-writes) costs writes;
   6. with `--idle-nodes N` (default 3): ingest again (fresh events) while N more relay
      nodes run on the same database, each tailing the live bus: the primary's extra CPU
      per event is what N more nodes cost it.
@@ -97,14 +98,17 @@ def main(argv: list[str] | None = None) -> int:
             ("with a replica: primary CPU", ("--replica-url", rdb), "req", primary.pid),
             ("with a replica: replica CPU", ("--replica-url", rdb), "req", replica.pid),
             ("primary alone again (the machine's drift)", (), "req", primary.pid),
-            ("ingest with a replica configured", ("--replica-url", rdb), "kind1", primary.pid),
         ]
+        for i in range(4):  # alternated, so the machine's drift shows as such
+            with_replica = ("--replica-url", rdb) if i % 2 else ()
+            title = f"ingest {'with' if with_replica else 'without'} a replica configured"
+            runs.append((title, with_replica, "kind1", primary.pid))
         for n, (title, args, phases, pg_pid) in enumerate(runs):
             print(f"\n== {title} ==", flush=True)
             with relay(db, *args) as (url, pid):
                 time.sleep(2)  # the replica's first health checks
                 argv_load = ["--url", url, "--pid", str(pid), "--pg-pid", str(pg_pid)]
-                seed = ["--seed", "3"] if n == len(runs) - 1 else []  # fresh events
+                seed = ["--seed", str(n)] if phases == "kind1" and n else []  # fresh events
                 load.main([*argv_load, "--phases", phases, *seed, *extra])
         if ours.idle_nodes:
             print(f"\n== ingest with {ours.idle_nodes} more nodes tailing the bus ==", flush=True)
@@ -113,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                     stack.enter_context(relay(db))
                 with relay(db) as (url, pid):
                     argv_load = ["--url", url, "--pid", str(pid), "--pg-pid", str(primary.pid)]
-                    load.main([*argv_load, "--phases", "kind1", "--seed", "2", *extra])
+                    seed = str(len(runs) + 1)
+                    load.main([*argv_load, "--phases", "kind1", "--seed", seed, *extra])
     finally:
         cluster.close()
     return 0
