@@ -129,12 +129,17 @@ def export(
     async def action(conn: Any) -> tuple[str, int]:
         registry = _registry(settings, await db.load_tenants(conn), 0)
         key = _tenant("export", registry, tenant).key
-        n = 0
-        async for raw in m.export_raw(conn, key, lo, hi):
-            if b"\n" in raw:  # stored JSON is compact; a newline could only be whitespace
-                raw = raw.replace(b"\n", b" ")
-            out.write(raw + b"\n")
-            n += 1
+
+        async def write(events_db: Any) -> int:  # the tenant's own database, if it has one
+            n = 0
+            async for raw in m.export_raw(events_db, key, lo, hi):
+                if b"\n" in raw:  # stored JSON is compact; a newline could only be whitespace
+                    raw = raw.replace(b"\n", b" ")
+                out.write(raw + b"\n")
+                n += 1
+            return n
+
+        n = await db.on_events_database(conn, key, write)
         out.flush()
         return key, n
 
@@ -331,11 +336,11 @@ async def _run_import(
     from relay.app import refresh_tenants
     from relay.pipeline import Relay
     from relay.store import StoreError
-    from relay.store.postgres import PostgresStore
+    from relay.store.router import StoreRouter
     from relay.tenants import TenantRegistry
 
-    try:
-        store = await PostgresStore.open(url, settings)
+    try:  # the router: a tenant with its own database is imported there
+        store = await StoreRouter.open(url, settings)
     except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
         raise StoreError(f"error: cannot reach the database: {exc}") from exc
     try:
@@ -483,14 +488,22 @@ def prune(
             typer.echo(f"\rdeleted {deleted}…", err=True, nl=False)
 
     async def action(conn: Any) -> dict[str, tuple[int, int]]:
+        configs = await db.load_tenants(conn)
+        own = {c.host for c in configs if c.database_url}  # on databases of their own
         if tenant is None:
-            keys = await m.list_tenants(conn)
+            keys = [k for k in await m.list_tenants(conn) if k not in own] + sorted(own)
         else:
-            registry = _registry(settings, await db.load_tenants(conn), 0)
-            keys = [_tenant("prune", registry, tenant).key]
-        if dry_run:
-            return {k: (await m.count_prunable(conn, k, cutoff, selection), 0) for k in keys}
-        return await m.prune_tenants(conn, keys, cutoff, selection, batch, between)
+            keys = [_tenant("prune", _registry(settings, configs, 0), tenant).key]
+
+        async def one(key: str) -> tuple[int, int]:
+            async def run(c: Any) -> tuple[int, int]:
+                if dry_run:
+                    return await m.count_prunable(c, key, cutoff, selection), 0
+                return await m.prune(c, key, cutoff, selection, batch, between)
+
+            return await db.on_events_database(conn, key, run)
+
+        return {k: await one(k) for k in keys}
 
     try:
         done = asyncio.run(run_admin(url, action))

@@ -51,6 +51,14 @@ def serve(
     workers: Annotated[
         int, typer.Option(min=1, help="Relay processes on this port (live events shared).")
     ] = 1,
+    replica_url: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--replica-url",
+            help="Read replica (streaming standby) URL for REQ/COUNT; repeatable"
+            " (env: ENGRAM_REPLICA_URLS, comma-separated).",
+        ),
+    ] = None,
 ) -> None:
     """Run the relay (uvicorn + uvloop) on PostgreSQL; embedded PostgreSQL if no URL is set."""
     import uvicorn
@@ -67,6 +75,7 @@ def serve(
         tls_cert=tls_cert,
         tls_key=tls_key,
         log_format=log_format,
+        replica_urls=replica_url or None,
     )
     if bool(settings.tls_cert) != bool(settings.tls_key):
         typer.echo("engram: --tls-cert and --tls-key go together", err=True)
@@ -83,6 +92,7 @@ def serve(
                 "ENGRAM_DATABASE_URL": url,
                 **({"ENGRAM_CONFIG": config} if config else {}),
                 **({"ENGRAM_LOG_FORMAT": settings.log_format} if log_format else {}),
+                **({"ENGRAM_REPLICA_URLS": ",".join(replica_url)} if replica_url else {}),
             }
         )
     options = dict(
@@ -129,13 +139,14 @@ def bench(ctx: typer.Context) -> None:
 
 @app.command()
 def migrate(database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
-    """Apply pending migrations (the relay also does this at start-up)."""
-    from relay.store.migrate import migrate_url
+    """Apply pending migrations, on tenant databases too (the relay also does this)."""
+    from cli.ops import mask_url
+    from relay.store.tenants import migrate_everywhere
 
     settings = settings_or_exit(database_url=database_url, data_dir=data_dir)
     url, _embedded = resolve_database_url(settings)
-    for name in asyncio.run(migrate_url(url)):
-        typer.echo(f"applied {name}")
+    for where, name in asyncio.run(migrate_everywhere(url)):
+        typer.echo(f"applied {name}" + (f" on {mask_url(where)}" if where else ""))
 
 
 @db_app.command("status")

@@ -55,6 +55,8 @@ def masked(data: dict[str, Any]) -> dict[str, Any]:
             out[name] = MASK
         elif isinstance(value, str) and ("://" in value or name.endswith("_url")):
             out[name] = mask_url(value)
+        elif isinstance(value, list) and name.endswith("_urls"):  # replica_urls
+            out[name] = [mask_url(v) if isinstance(v, str) else v for v in value]
         else:
             out[name] = value
     return out

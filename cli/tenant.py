@@ -33,6 +33,14 @@ ContactOpt = Annotated[str | None, typer.Option(help="Contact for NIP-11.")]
 IconOpt = Annotated[str | None, typer.Option(help="Icon URL for NIP-11.")]
 AliasOpt = Annotated[list[str] | None, typer.Option("--alias", help="Another host served.")]
 WriteOpt = Annotated[str | None, typer.Option("--write", help="Write policy: open | members.")]
+OwnDatabaseOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tenant-database-url",
+        help="Keep this tenant's events on their own PostgreSQL database (URL; migrated"
+        " here). --database-url stays the relay's database, where tenants are configured.",
+    ),
+]
 LimitOpt = Annotated[
     list[str] | None,
     typer.Option("--limit", help="Limit override KEY=VALUE (e.g. max_limit=100); repeatable."),
@@ -106,7 +114,22 @@ def _existing(host: str, database_url: str | None, data_dir: str | None) -> Tena
 
 
 def _show(cfg: TenantConfig) -> None:
-    typer.echo(json.dumps(msgspec.to_builtins(cfg), indent=2, sort_keys=True))
+    from cli.ops import mask_url
+
+    data = msgspec.to_builtins(cfg)
+    if data.get("database_url"):
+        data["database_url"] = mask_url(data["database_url"])
+    typer.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+async def _prepare(url: str) -> None:
+    """A tenant database must be reachable and migrated before any tenant points at it."""
+    from relay.store.migrate import migrate_url
+
+    try:
+        await migrate_url(url)
+    except Exception as exc:
+        raise _fail(f"cannot prepare the tenant database: {type(exc).__name__}: {exc}", 2) from exc
 
 
 def _check_write(write: str | None) -> None:
@@ -126,10 +149,11 @@ def add(
     write: WriteOpt = "open",
     auth_required: Annotated[bool, typer.Option(help="Require NIP-42 AUTH first.")] = False,
     limit: LimitOpt = None,
+    tenant_database_url: OwnDatabaseOpt = None,
     database_url: DatabaseOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Add a tenant served on HOST (and its aliases)."""
+    """Add a tenant served on HOST (and its aliases), on its own database if given."""
     from relay.store import tenants as db
 
     _check_write(write)
@@ -144,12 +168,15 @@ def add(
         auth_required=auth_required,
         limits=_limits(limit),
         aliases=sorted({_host(a) for a in alias or ()} - {_host(host)}),
+        database_url=tenant_database_url or None,
     )
 
     async def action(conn: Any) -> None:
         for h in (cfg.host, *cfg.aliases):
             if await db.host_taken(conn, h):
                 raise _fail(f"{h} is already served by a tenant")
+        if cfg.database_url:
+            await _prepare(cfg.database_url)
         await db.add_tenant(conn, cfg)
 
     _run(database_url, data_dir, action)
@@ -170,10 +197,14 @@ def set_(
         bool | None, typer.Option("--auth-required/--no-auth-required", help="AUTH first.")
     ] = None,
     limit: LimitOpt = None,
+    tenant_database_url: OwnDatabaseOpt = None,
     database_url: DatabaseOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Change a tenant: only the options given are changed (aliases and limits are added)."""
+    """Change a tenant: only the options given are changed (aliases and limits are added).
+
+    --tenant-database-url (or `default`) only re-points a tenant that holds no events
+    yet; `engram tenant move` moves one that does."""
     from relay.store import tenants as db
 
     _check_write(write)
@@ -195,10 +226,18 @@ def set_(
         fields["limits"] = _limits(limit)
     if alias:
         fields["aliases"] = sorted({_host(a) for a in alias})
+    if tenant_database_url:
+        fields["database_url"] = None if tenant_database_url == "default" else tenant_database_url
 
     async def action(conn: Any) -> None:
         if await db.get_tenant(conn, key) is None:
             raise _fail(f"no tenant {key}")
+        if "database_url" in fields:
+            held = await db.on_events_database(conn, key, lambda c: db.event_count(c, key))
+            if held:
+                raise _fail(f"{key} holds {held} events; use `engram tenant move {key} --to URL`")
+            if fields["database_url"]:
+                await _prepare(fields["database_url"])
         for h in fields.get("aliases", ()):
             if await db.host_taken(conn, h):
                 raise _fail(f"{h} is already served by a tenant")
@@ -206,6 +245,52 @@ def set_(
 
     _run(database_url, data_dir, action)
     typer.echo(f"updated tenant {key}")
+
+
+@tenant_app.command("move")
+def move(
+    host: str,
+    to: Annotated[
+        str, typer.Option("--to", help="PostgreSQL URL of the new database, or `default`.")
+    ],
+    grace: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds to keep carrying late writes over after the switch"
+            " (default: 3 x tenant_refresh_seconds, at least 10).",
+        ),
+    ] = None,
+    purge_source: Annotated[
+        bool, typer.Option(help="Delete the tenant's rows from the old database afterwards.")
+    ] = False,
+    merge: Annotated[
+        bool, typer.Option(help="Copy even if the target already holds events of HOST.")
+    ] = False,
+    database_url: DatabaseOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Move a tenant's events to another database while the relay keeps serving it."""
+    from cli.move import move_tenant
+    from relay.store import StoreError
+
+    key = _host(host)
+    settings = settings_or_exit(database_url=database_url, data_dir=data_dir)
+    url, _embedded = resolve_database_url(settings)
+    wait = grace if grace is not None else max(10.0, 3 * settings.tenant_refresh_seconds)
+
+    def say(line: str) -> None:
+        typer.echo(line, err=True)
+
+    try:
+        report = asyncio.run(move_tenant(settings, url, key, to, wait, purge_source, merge, say))
+    except StoreError as exc:
+        raise _fail(str(exc).removeprefix("error: "), 2) from exc
+    typer.echo(
+        f"moved {key}: copied {report.copied}, caught up {report.caught_up},"
+        f" rejected {report.rejected}; target holds {report.target_events},"
+        f" source holds {report.source_events}"
+        + (f" (purged {report.purged})" if purge_source else "")
+    )
 
 
 @tenant_app.command("ls")
@@ -238,11 +323,16 @@ def rm(
     key = _host(host)
 
     async def action(conn: Any) -> int:
+        from relay.store.move import purge_tenant_events
+
         if await db.get_tenant(conn, key) is None:
             raise _fail(f"no tenant {key}")
-        held = await db.event_count(conn, key)
+        held = await db.on_events_database(conn, key, lambda c: db.event_count(c, key))
         if held and not purge:
             raise _fail(f"{key} holds {held} events; use --purge to delete them too")
+        if await db.events_database(conn, key):  # events on the tenant's own database
+            deleted = await db.on_events_database(conn, key, lambda c: purge_tenant_events(c, key))
+            return deleted + await db.remove_tenant(conn, key, False)
         return await db.remove_tenant(conn, key, purge)
 
     deleted = _run(database_url, data_dir, action)

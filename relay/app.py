@@ -80,13 +80,13 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        from relay.store.pgbus import PostgresBus
-        from relay.store.postgres import PostgresStore
+        from relay.store.router import StoreRouter
 
-        store = await PostgresStore.open(database_url, settings)
+        # tenants on their own databases (relay.store.router); replicas in the store
+        store = await StoreRouter.open(database_url, settings)
         registry = TenantRegistry(settings)
         await refresh_tenants(store, registry)
-        bus = PostgresBus(database_url, store, poll=settings.bus_poll_seconds)
+        bus = store.bus
         relay = Relay(settings, store, tenants=registry, bus=bus)
         app.state.relay = relay
         app.state.bus = bus

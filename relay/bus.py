@@ -16,6 +16,14 @@ Deliver = Callable[[str, bytes], None]
 
 
 class EventBus(Protocol):
+    async def prepare(self) -> None:
+        """Take the starting position before the node accepts subscribers."""
+        ...
+
+    def delay(self) -> float:
+        """Seconds live delivery across nodes is held back (0: current)."""
+        ...
+
     async def run(self, deliver: Deliver) -> None:
         """Deliver other nodes' events until cancelled; survives connection loss and
         catches up afterwards (no stored event is lost, only delayed)."""

@@ -89,6 +89,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gc_threshold0: int = 20_000  # young-generation GC threshold, start-up frozen (0: off)
     expired_purge_seconds: float = 60.0  # NIP-40: how often expired events are purged
     bus_poll_seconds: float = 1.0  # cross-node tail read without a wake-up (fallback)
+    # Read replicas (relay/store/replicas.py): REQ/COUNT read from streaming replicas.
+    replica_urls: list[str] = msgspec.field(default_factory=list)  # env: comma-separated
+    replica_max_lag_seconds: float = 10.0  # a replica further behind leaves the rotation
+    replica_check_seconds: float = 1.0  # health and lag check of every replica
+    replica_wait_seconds: float = 0.25  # read-your-writes: wait this long, then the primary
     db_pool_min: int = 2
     db_pool_max: int = 10
     log_level: str = "info"  # debug | info | warning | error | critical
@@ -100,6 +105,8 @@ class ConfigError(ValueError):
 
 
 def _coerce(value: str, current: Any, name: str) -> Any:
+    if isinstance(current, list):  # e.g. ENGRAM_REPLICA_URLS: comma-separated
+        return [v.strip() for v in value.split(",") if v.strip()]
     if isinstance(current, bool):
         low = value.strip().lower()
         if low in ("1", "true", "yes", "on"):

@@ -32,6 +32,7 @@ class TenantConfig(msgspec.Struct, kw_only=True):
     limits: dict[str, Any] = msgspec.field(default_factory=dict)
     aliases: list[str] = msgspec.field(default_factory=list)
     members: list[str] = msgspec.field(default_factory=list)
+    database_url: str | None = None  # the tenant's own database (None: the relay's)
 
 
 class Tenant(msgspec.Struct, frozen=True, kw_only=True):

@@ -99,6 +99,8 @@ def _reason(exc: BaseException) -> str:
 class PostgresStore:
     """EventStore on PostgreSQL. Create with `await PostgresStore.open(dsn, settings)`."""
 
+    replicas: Any = None  # a relay.store.replicas.ReplicaSet when read replicas are set
+
     def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
         self._pool = pool
         metrics.watch_pool(self, pool)
@@ -137,6 +139,11 @@ class PostgresStore:
             await pool.close()
             raise
         store = cls(pool, settings)
+        if settings.replica_urls:  # REQ/COUNT from read replicas (relay.store.replicas)
+            from relay.store.replicas import ReplicaSet
+
+            store.replicas = ReplicaSet(settings.replica_urls, settings, pool)
+            await store.replicas.start()
         # Several writers: while one batch waits for its commit (fsync), the next is being
         # inserted. Each batch locks its rows in address order, so they cannot deadlock.
         store._writers = [
@@ -153,6 +160,8 @@ class PostgresStore:
             await asyncio.gather(*self._writers)
         if self._analyze_task is not None:
             self._analyze_task.cancel()
+        if self.replicas is not None:
+            await self.replicas.close()
         try:
             await asyncio.wait_for(self._pool.close(), timeout=10)
         except TimeoutError:
@@ -210,6 +219,8 @@ class PostgresStore:
                 log.exception("store writer failed")
                 continue
             metrics.batch_written(len(batch), started)
+            if self.replicas is not None:  # before any OK: read-your-writes
+                await self.replicas.note_position()
             for p, result in zip(batch, results, strict=True):
                 if not p.future.done():
                     p.future.set_result(result)
@@ -483,6 +494,8 @@ class PostgresStore:
             raise StoreError("error: could not read new events") from exc
         if not rows:  # pragma: no cover - the LEFT JOIN always yields the position row
             return position, []
+        if self.replicas is not None and rows[-1][2] is not None:  # before they go live
+            await self.replicas.note_position()
         out = [(r[1], r[2]) for r in rows if r[2] is not None and r[3] != self.node_id]
         self.bus_held_back = bool(rows[0][4])  # a running transaction holds the tail back
         return rows[0][0], out
@@ -501,6 +514,10 @@ class PostgresStore:
                 return total
 
     async def _fetch(self, sql: str, params: list[Any]) -> list[Any]:
+        if self.replicas is not None:  # a healthy replica that has replayed our writes
+            rows = await self.replicas.fetch(sql, params, self._query_timeout)
+            if rows is not None:
+                return rows  # type: ignore[no-any-return]
         if batchable(sql, params):
             try:
                 return await self._reads.fetch(sql, params)

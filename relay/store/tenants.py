@@ -16,7 +16,16 @@ from relay.tenants import TenantConfig
 
 T = TypeVar("T")
 
-_COLUMNS = ("name", "description", "pubkey", "contact", "icon", "write_policy", "auth_required")
+_COLUMNS = (
+    "name",
+    "description",
+    "pubkey",
+    "contact",
+    "icon",
+    "write_policy",
+    "auth_required",
+    "database_url",
+)
 
 
 async def config_version(conn: asyncpg.Connection | asyncpg.Pool) -> int:
@@ -69,7 +78,8 @@ async def add_tenant(conn: asyncpg.Connection, cfg: TenantConfig) -> None:
     async with conn.transaction():
         await conn.execute(
             "INSERT INTO tenants (host, name, description, pubkey, contact, icon,"
-            " write_policy, auth_required, limits) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)",
+            " write_policy, auth_required, database_url, limits)"
+            " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)",
             cfg.host,
             *(getattr(cfg, c) for c in _COLUMNS),
             json.dumps(cfg.limits),
@@ -102,6 +112,25 @@ async def update_tenant(conn: asyncpg.Connection, host: str, **fields: Any) -> N
 
 async def event_count(conn: asyncpg.Connection, host: str) -> int:
     return int(await conn.fetchval("SELECT count(*) FROM events WHERE tenant = $1", host))
+
+
+async def events_database(conn: asyncpg.Connection, host: str) -> str | None:
+    """The URL of the tenant's own database, or None: its events are in this one."""
+    return await conn.fetchval("SELECT database_url FROM tenants WHERE host = $1", host)  # type: ignore[no-any-return]
+
+
+async def on_events_database(
+    conn: asyncpg.Connection, host: str, action: Callable[[asyncpg.Connection], Awaitable[T]]
+) -> T:
+    """Run `action` on a connection to the database holding the tenant's events."""
+    url = await events_database(conn, host)
+    if not url:
+        return await action(conn)
+    other = await asyncpg.connect(url, timeout=10)
+    try:
+        return await action(other)
+    finally:
+        await other.close()
 
 
 async def remove_tenant(conn: asyncpg.Connection, host: str, purge: bool) -> int:
@@ -148,3 +177,21 @@ async def run_admin(dsn: str, action: Callable[[asyncpg.Connection], Awaitable[T
         raise StoreError(f"error: database error: {exc}") from exc
     finally:
         await conn.close()
+
+
+async def migrate_everywhere(dsn: str) -> list[tuple[str | None, str]]:
+    """Migrate the relay's database, then every tenant database it names:
+    [(tenant database URL or None for the relay's, version applied)]."""
+    from relay.store.migrate import migrate_url
+
+    applied: list[tuple[str | None, str]] = [(None, v) for v in await migrate_url(dsn)]
+    conn = await asyncpg.connect(dsn)
+    try:
+        urls = await conn.fetch(
+            "SELECT DISTINCT database_url FROM tenants WHERE database_url IS NOT NULL"
+        )
+    finally:
+        await conn.close()
+    for (url,) in urls:
+        applied.extend((url, v) for v in await migrate_url(url))
+    return applied

@@ -1,0 +1,232 @@
+"""Tenants on their own databases: one EventStore in front of several PostgresStores.
+
+The relay's database (the one `database_url` names) holds the tenant configuration and
+every tenant without a `database_url` of its own. A tenant with one (`engram tenant add
+HOST --tenant-database-url URL`, or `engram tenant move`) has its rows there; each such
+database is opened (and migrated) once, however many tenants share it, and gets its own
+live bus. Every read and write is routed by the tenant key, so nothing crosses tenants;
+a bus delivers a row only while its tenant is placed on that bus's database.
+
+The placement is reloaded with the tenant configuration (`load_tenants`). A tenant
+database that cannot be opened answers its tenant's requests with an error and is retried
+at every configuration poll; the other tenants are not affected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import msgspec
+
+from engram.nip01 import Event
+from relay.bus import Deliver
+from relay.config import Settings
+from relay.filters import Filter
+from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError
+from relay.store.pgbus import PostgresBus
+from relay.store.postgres import PostgresStore
+from relay.tenants import TenantConfig
+
+log = logging.getLogger("relay.store")
+
+UNAVAILABLE = "error: this tenant's database is unavailable"
+_CLOSE_UNUSED_AFTER = 30.0  # seconds a database no tenant uses stays open (in-flight work)
+
+
+class StoreRouter:
+    """EventStore routing each tenant to the PostgresStore of its database."""
+
+    def __init__(self, control: PostgresStore, url: str, settings: Settings) -> None:
+        self.control = control
+        self.url = url
+        self._settings = settings
+        # tenant databases get no read replicas: those belong to the relay's database
+        self._tenant_settings = msgspec.structs.replace(settings, replica_urls=[])
+        self._stores: dict[str, PostgresStore] = {url: control}
+        self._placement: dict[str, str] = {}  # tenant key -> database URL, if not `url`
+        self._failed: dict[str, str] = {}  # database URL -> why it could not be opened
+        self._closing: set[asyncio.Task[None]] = set()
+        self.bus = RoutedBus(self, settings.bus_poll_seconds)
+
+    @classmethod
+    async def open(cls, url: str, settings: Settings) -> StoreRouter:
+        return cls(await PostgresStore.open(url, settings), url, settings)
+
+    @property
+    def node_id(self) -> str:
+        return self.control.node_id
+
+    def database_of(self, tenant: str) -> str:
+        return self._placement.get(tenant, self.url)
+
+    def store_for(self, tenant: str) -> PostgresStore | None:
+        return self._stores.get(self.database_of(tenant))
+
+    # --- EventStore -------------------------------------------------------------------
+
+    async def save(self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT) -> SaveResult:
+        return await self.submit(event, raw, tenant)
+
+    def submit(
+        self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT
+    ) -> asyncio.Future[SaveResult]:
+        store = self.store_for(tenant)
+        if store is None:
+            future: asyncio.Future[SaveResult] = asyncio.get_running_loop().create_future()
+            future.set_result(SaveResult(SaveStatus.ERROR, UNAVAILABLE))
+            return future
+        return store.submit(event, raw, tenant)
+
+    async def query(
+        self, filters: list[Filter], tenant: str = DEFAULT_TENANT, viewer: str | None = None
+    ) -> list[bytes]:
+        return await self._reader(tenant).query(filters, tenant, viewer)
+
+    async def count(
+        self, filters: list[Filter], tenant: str = DEFAULT_TENANT, viewer: str | None = None
+    ) -> int:
+        return await self._reader(tenant).count(filters, tenant, viewer)
+
+    def _reader(self, tenant: str) -> PostgresStore:
+        store = self.store_for(tenant)
+        if store is None:
+            raise StoreError(UNAVAILABLE)
+        return store
+
+    # --- the relay's database -----------------------------------------------------------
+
+    async def tenant_version(self) -> int:
+        if self._failed:  # retry unreachable tenant databases at every poll
+            await self._open(set(self._failed))
+        return await self.control.tenant_version()
+
+    async def load_tenants(self) -> list[TenantConfig]:
+        """The tenant configuration; places every tenant on its database first."""
+        configs = await self.control.load_tenants()
+        await self.place(configs)
+        return configs
+
+    async def ping(self) -> bool:
+        return await self.control.ping()
+
+    async def migrations_current(self) -> bool:
+        return await self.control.migrations_current()
+
+    async def purge_expired(self, now: int, batch: int = 5_000) -> int:
+        total = 0
+        for store in list(self._stores.values()):
+            total += await store.purge_expired(now, batch)
+        return total
+
+    async def close(self) -> None:
+        for task in self._closing:
+            task.cancel()
+        await self.bus.stop()
+        stores = list(self._stores.values())
+        self._stores.clear()
+        await asyncio.gather(*(s.close() for s in stores), return_exceptions=True)
+
+    # --- placement ----------------------------------------------------------------------
+
+    async def place(self, configs: list[TenantConfig]) -> None:
+        placement = {c.host: c.database_url for c in configs if c.database_url}
+        placement = {h: u for h, u in placement.items() if u != self.url}
+        await self._open(set(placement.values()) - self._stores.keys())
+        for host in sorted(self._placement.keys() | placement.keys()):
+            if self._placement.get(host) != placement.get(host):
+                where = "its own database" if host in placement else "the relay's database"
+                log.info("tenant %s now on %s", host, where)
+        self._placement = placement
+        for url in self._stores.keys() - set(placement.values()) - {self.url}:
+            task = asyncio.create_task(self._close_later(url))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _open(self, urls: set[str]) -> None:
+        for url in urls:
+            try:
+                store = await PostgresStore.open(url, self._tenant_settings)
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}"[:200]
+                if self._failed.get(url) != reason:
+                    log.error("tenant database unavailable (will retry): %s", reason)
+                self._failed[url] = reason
+                continue
+            self._failed.pop(url, None)
+            self._stores[url] = store
+            self.bus.start(url, store)
+
+    async def _close_later(self, url: str) -> None:
+        await asyncio.sleep(_CLOSE_UNUSED_AFTER)
+        if url in self._placement.values() or url == self.url:
+            return
+        store = self._stores.pop(url, None)
+        if store is not None:
+            self.bus.end(url)
+            await store.close()
+
+
+class RoutedBus:
+    """The live bus, one PostgresBus per open database (each with its LISTEN)."""
+
+    def __init__(self, router: StoreRouter, poll: float) -> None:
+        self._router = router
+        self._poll = poll
+        self._buses: dict[str, PostgresBus] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._deliver: Deliver | None = None
+
+    async def prepare(self) -> None:
+        """Each open database's tail takes its starting position before subscribers come."""
+        for url, store in list(self._router._stores.items()):
+            if url not in self._buses:
+                self._buses[url] = PostgresBus(url, store, poll=self._poll)
+            await self._buses[url].prepare()
+
+    def delay(self) -> float:
+        """The longest any database's tail is held back by a running transaction."""
+        return max((bus.delay() for bus in list(self._buses.values())), default=0.0)
+
+    async def run(self, deliver: Deliver) -> None:
+        self._deliver = deliver
+        for url, store in list(self._router._stores.items()):
+            self.start(url, store)
+        try:
+            await asyncio.Event().wait()  # until cancelled
+        finally:
+            await self.stop()
+
+    def start(self, url: str, store: PostgresStore) -> None:
+        if url not in self._buses:
+            self._buses[url] = PostgresBus(url, store, poll=self._poll)
+        if self._deliver is None or url in self._tasks:
+            return
+        deliver, router = self._deliver, self._router
+
+        def placed(tenant: str, raw: bytes) -> None:
+            if router.database_of(tenant) == url:  # a moved tenant's old rows stay put
+                deliver(tenant, raw)
+
+        self._tasks[url] = asyncio.create_task(self._buses[url].run(placed))
+
+    def end(self, url: str) -> None:
+        self._buses.pop(url, None)
+        task = self._tasks.pop(url, None)
+        if task is not None:
+            task.cancel()
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def publish_ephemeral(self, tenant: str, raw: bytes) -> None:
+        bus = self._buses.get(self._router.database_of(tenant))
+        if bus is not None:
+            await bus.publish_ephemeral(tenant, raw)
