@@ -80,6 +80,10 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     in_flight_max: int = 256  # frames handled concurrently per connection (then backpressure)
     write_batch_max: int = 500  # events per group-commit transaction
     write_concurrency: int = 3  # group-commit transactions in flight at once
+    # RFC 7692 compression, offered to clients that ask. Off: Nostr frames are small JSON,
+    # deflating each costs CPU on both ends, and uncompressed connections take the
+    # relay's direct receive path (relay.wsserver).
+    ws_per_message_deflate: bool = False
     ping_interval_seconds: float = 30.0  # websocket ping of every connection...
     ping_timeout_seconds: float = 20.0  # ...closed when the pong is this late (dead peer)
     query_timeout_seconds: float = 10.0  # statement timeout of every REQ/COUNT query
