@@ -20,7 +20,7 @@ from relay import metrics, policy, validate, wire
 from relay.bus import EventBus
 from relay.config import Limits, Settings
 from relay.fanout import FanOut
-from relay.filters import Filter, FilterError, parse_filter
+from relay.filters import Filter, FilterError, parse_filter, restrict_search
 from relay.ratelimit import ConnectionAllowance, RateLimiter
 from relay.session import Session
 from relay.store import EventStore, SaveResult, SaveStatus, StoreError
@@ -48,6 +48,8 @@ class Relay:
         self.limiter = RateLimiter(settings.rate)
         self.bus = bus
         self.clock = clock
+        kinds = settings.search_kinds
+        self.search_kinds = None if kinds is None else frozenset(kinds)
 
     def tenant_of(self, session: Session) -> Tenant:
         """The session's tenant as currently configured (members and limits change live)."""
@@ -246,6 +248,7 @@ class Relay:
             why = policy.check_read(f, session.authed, tenant.limits)
             if why:
                 return wire.closed(sub_id, why)
+            restrict_search(f, self.search_kinds)
         return filters
 
     async def count_reply(

@@ -7,7 +7,7 @@ The BIP-340 verification runs last, so a flood of junk costs little CPU.
 from __future__ import annotations
 
 from engram import validate_engram_envelope
-from engram.nip01 import Event, id_matches, is_hex, signature_valid
+from engram.nip01 import Event, id_matches, is_hex, signature_valid_hex
 from relay.config import KIND_AUTH, KIND_ENGRAM, Limits
 from relay.wire import Reason
 
@@ -105,7 +105,8 @@ def check_id(event: Event) -> str | None:
 
 
 def check_signature(event: Event) -> str | None:
-    if not signature_valid(event):
+    """After check_shape (hex fields already checked)."""
+    if not signature_valid_hex(event):
         return Reason.INVALID("signature verification failed")
     return None
 

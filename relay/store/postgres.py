@@ -112,6 +112,8 @@ class PostgresStore:
         self._closing = False
         self._writers: list[asyncio.Task[None]] = []
         self._write_concurrency = max(1, settings.write_concurrency)
+        kinds = settings.search_kinds
+        self._search_kinds = None if kinds is None else frozenset(kinds)
 
     @classmethod
     async def open(cls, dsn: str, settings: Settings) -> PostgresStore:
@@ -168,7 +170,7 @@ class PostgresStore:
             future.set_result(CLOSED)
             return future
         try:
-            row = encode_row(event, raw)
+            row = encode_row(event, raw, self._search_kinds)
         except RowError as exc:
             future.set_result(SaveResult(SaveStatus.ERROR, str(exc)))
             return future
