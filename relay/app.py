@@ -21,7 +21,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from relay import metrics, nip11, page, retention
+from relay import gctune, metrics, nip11, page, retention
 from relay.config import Settings
 from relay.pipeline import Relay
 from relay.store import StoreError
@@ -89,6 +89,7 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
         bus = PostgresBus(database_url, store, poll=settings.bus_poll_seconds)
         relay = Relay(settings, store, tenants=registry, bus=bus)
         app.state.relay = relay
+        gctune.tune_gc()
         metrics.bind(app.state.relay, package_version())
         poller = asyncio.create_task(poll_tenants(store, registry, settings.tenant_refresh_seconds))
         expirer = asyncio.create_task(purge_expired(store, settings.expired_purge_seconds))
