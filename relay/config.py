@@ -84,7 +84,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # but engrams, whose content is ciphertext). Indexing costs PostgreSQL ~25 us of CPU
     # per event (to_tsvector and the GIN entries); other kinds store an empty copy.
     search_kinds: list[int] | None = None
-    verify_threads: int = 0  # BIP-340 checks in this many threads beside the loop (0: inline)
+    verify_threads: int = 1  # BIP-340 checks in this many threads beside the loop (0: inline)
     # RFC 7692 compression, offered to clients that ask. Off: Nostr frames are small JSON,
     # deflating each costs CPU on both ends, and uncompressed connections take the
     # relay's direct receive path (relay.wsserver).

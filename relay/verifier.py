@@ -3,7 +3,9 @@ in a small thread pool, while the loop goes on parsing and answering.
 
 libsecp256k1's Schnorr verification runs in a C call that releases the GIL (cffi), so a
 thread verifying a batch overlaps with the loop's Python; the Python around each call
-(hex decoding, the key cache) still takes the GIL. Off by default (`verify_threads`).
+(hex decoding, the key cache) still takes the GIL. `verify_threads` (default 1; 0 verifies
+inline): measured, the event loop's own CPU per EVENT halved and the relay's total
+fell slightly, so the loop is no longer the bottleneck where a core is free.
 """
 
 from __future__ import annotations
