@@ -257,7 +257,7 @@ def header(argv: list[str], profile: Profile, rounds: int, pg_settings: str) -> 
             f" REQ + {profile.heads} head fetches, {profile.req_connections} connections x"
             f" {profile.req_window} in flight; fan-out to {subs} subscribers at"
             f" {profile.fanout_rate:g} events/s for {profile.fanout_seconds:g} s;"
-            f" {rounds} rounds, medians",
+            f" {rounds} rounds, medians; load generator: {profile.client} client",
         ]
     )
 

@@ -38,7 +38,7 @@ from typing import Any
 import msgspec
 import psutil
 
-from bench import wsclient
+from bench import wsclient, wslib
 from bench.events import KIND_ENGRAM, EventSet, Keyring, cache_dir, fanout_tag, load_events
 from engram.nip01 import sign_event
 
@@ -73,6 +73,23 @@ _NUMBERS = re.compile(r"[0-9a-f]{16,}|\d+")
 now = time.perf_counter
 
 
+@dataclass(frozen=True)
+class Client:
+    """A load-generator client design: how a message becomes what `send` takes, and how a
+    connection opens (bench.wsclient: lean, frames pre-encoded; bench.wslib: the
+    `websockets` library, a typical Python client)."""
+
+    name: str
+    frame: Callable[[bytes], bytes]
+    connect: Callable[..., Any]
+
+
+CLIENTS = {
+    "builtin": Client("builtin", wsclient.client_frame, wsclient.connect),
+    "websockets": Client("websockets", wslib.frame, wslib.connect),
+}
+
+
 def reason_key(message: str) -> str:
     """Group error messages by their text with numbers and hex ids blanked out."""
     message = _NUMBERS.sub("#", message.strip())
@@ -99,6 +116,7 @@ class Profile:
     seed: int = 1
     phase_timeout: float = 300.0
     phases: tuple[str, ...] = PHASES
+    client: str = "builtin"  # a key of CLIENTS
 
     def phase_names(self) -> list[str]:
         out: list[str] = []
@@ -243,13 +261,21 @@ class _Lane:
     and all frames queued while reading one chunk go out in one write.
     """
 
-    def __init__(self, phase: _Phase, url: str, window: int, per_conn_max: int = 0) -> None:
+    def __init__(
+        self,
+        phase: _Phase,
+        url: str,
+        window: int,
+        per_conn_max: int = 0,
+        client: Client = CLIENTS["builtin"],
+    ) -> None:
+        self.client = client
         self.phase = phase
         self.r = phase.result
         self.url = url
         self.window = window
         self.per_conn_max = per_conn_max
-        self.conn: wsclient.WsConnection | None = None
+        self.conn: Any = None  # wsclient.WsConnection or wslib.WebsocketsConnection
         self.pending: dict[str, Any] = {}
         self.out: list[bytes] = []
         self.on_conn = 0
@@ -261,12 +287,12 @@ class _Lane:
         self.auth: tuple[str, asyncio.Future[tuple[bool, str]]] | None = None
 
     async def open(self) -> None:
-        self.conn = await wsclient.connect(self.url, self.on_message, self.on_close, self.flush)
+        self.conn = await self.client.connect(self.url, self.on_message, self.on_close, self.flush)
 
     def flush(self) -> None:
         if self.out and self.conn is not None:
-            self.conn.send(b"".join(self.out))
-            self.out.clear()
+            self.conn.send_many(self.out)
+            self.out = []
 
     def close(self) -> None:
         self.quiet = True
@@ -345,7 +371,7 @@ class _Lane:
         fut: asyncio.Future[tuple[bool, str]] = asyncio.get_running_loop().create_future()
         self.auth = (ev.id, fut)
         assert self.conn is not None
-        self.conn.send(wsclient.client_frame(b'["AUTH",' + _enc(ev) + b"]"))
+        self.conn.send(self.client.frame(b'["AUTH",' + _enc(ev) + b"]"))
         try:
             accepted, msg = await asyncio.wait_for(fut, 10)
         except TimeoutError:
@@ -366,8 +392,9 @@ class _EventLane(_Lane):
         frames: list[bytes],
         ids: list[str],
         per_conn_max: int = 0,
+        client: Client = CLIENTS["builtin"],
     ) -> None:
-        super().__init__(phase, url, window, per_conn_max)
+        super().__init__(phase, url, window, per_conn_max, client)
         self.frames = frames
         self.ids = ids
         self.pos = 0
@@ -416,9 +443,14 @@ class _ReqLane(_Lane):
     """REQ frames, answered by EOSE (or CLOSED); each REQ is CLOSEd after its EOSE."""
 
     def __init__(
-        self, phase: _Phase, url: str, window: int, items: list[tuple[str, bytes, bytes]]
+        self,
+        phase: _Phase,
+        url: str,
+        window: int,
+        items: list[tuple[str, bytes, bytes]],
+        client: Client = CLIENTS["builtin"],
     ) -> None:
-        super().__init__(phase, url, window)
+        super().__init__(phase, url, window, 0, client)
         self.items = items
         self.pos = 0
 
@@ -483,19 +515,26 @@ async def _drive(phase: _Phase, lanes: Sequence[_Lane], watch: Watch, timeout: f
 # --- phases -------------------------------------------------------------------------
 
 
-def event_frames(events: EventSet) -> list[bytes]:
-    return [wsclient.client_frame(b'["EVENT",' + raw + b"]") for raw in events.raw]
+def event_frames(events: EventSet, client: Client = CLIENTS["builtin"]) -> list[bytes]:
+    return [client.frame(b'["EVENT",' + raw + b"]") for raw in events.raw]
 
 
 async def ingest_phase(
     name: str, url: str, events: EventSet, profile: Profile, watch: Watch
 ) -> PhaseResult:
-    frames = event_frames(events)
+    client = CLIENTS[profile.client]
+    frames = event_frames(events, client)
     phase = _Phase(name, len(frames))
     n = profile.connections
     lanes = [
         _EventLane(
-            phase, url, profile.window, frames[i::n], events.ids[i::n], profile.events_per_conn
+            phase,
+            url,
+            profile.window,
+            frames[i::n],
+            events.ids[i::n],
+            profile.events_per_conn,
+            client,
         )
         for i in range(n)
     ]
@@ -504,17 +543,13 @@ async def ingest_phase(
     return phase.result
 
 
-def _req_items(filters: list[dict[str, Any]], prefix: str) -> list[tuple[str, bytes, bytes]]:
+def _req_items(
+    filters: list[dict[str, Any]], prefix: str, client: Client = CLIENTS["builtin"]
+) -> list[tuple[str, bytes, bytes]]:
     items = []
     for i, f in enumerate(filters):
         sub = f"{prefix}{i}"
-        items.append(
-            (
-                sub,
-                wsclient.client_frame(_enc(["REQ", sub, f])),
-                wsclient.client_frame(_enc(["CLOSE", sub])),
-            )
-        )
+        items.append((sub, client.frame(_enc(["REQ", sub, f])), client.frame(_enc(["CLOSE", sub]))))
     return items
 
 
@@ -526,7 +561,10 @@ async def req_phase(url: str, keys: Keyring, profile: Profile, watch: Watch) -> 
         for count in _split(profile.reqs, n)
     ]
     phase = _Phase("req", profile.reqs)
-    lanes = [_ReqLane(phase, url, profile.req_window, _req_items(f, "q")) for f in per]
+    client = CLIENTS[profile.client]
+    lanes = [
+        _ReqLane(phase, url, profile.req_window, _req_items(f, "q", client), client) for f in per
+    ]
     await _open_all(lanes)
     await _drive(phase, lanes, watch, profile.phase_timeout)
     return phase.result
@@ -549,7 +587,10 @@ async def head_phase(url: str, keys: Keyring, profile: Profile, watch: Watch) ->
             }
             for _ in range(count)
         ]
-        lanes.append(_ReqLane(phase, url, profile.req_window, _req_items(filters, "h")))
+        client = CLIENTS[profile.client]
+        lanes.append(
+            _ReqLane(phase, url, profile.req_window, _req_items(filters, "h", client), client)
+        )
     await _open_all(lanes)
     outcomes = await asyncio.gather(
         *(lane.authenticate(keys.agent_keys[i % keys.agents]) for i, lane in enumerate(lanes))
@@ -570,7 +611,7 @@ class _Subscriber:
 
     def __init__(self, fan: _FanOut) -> None:
         self.fan = fan
-        self.conn: wsclient.WsConnection | None = None
+        self.conn: Any = None
         self.ready: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self.quiet = False
 
@@ -617,14 +658,15 @@ async def fanout_phase(
     name = f"fanout{subscribers}"
     fan = _FanOut(name)
     r = fan.result
-    req = wsclient.client_frame(
+    client = CLIENTS[profile.client]
+    req = client.frame(
         _enc(["REQ", "fan", {"kinds": [1], "#t": [fanout_tag(profile.seed)], "limit": 0}])
     )
     subs = [_Subscriber(fan) for _ in range(subscribers)]
 
     async def subscribe(s: _Subscriber) -> None:
         try:
-            s.conn = await wsclient.connect(url, s.on_message, s.on_close)
+            s.conn = await client.connect(url, s.on_message, s.on_close)
         except (OSError, TimeoutError) as exc:
             s.ready.set_result(f"connect failed: {reason_key(str(exc))}")
             return
@@ -644,9 +686,9 @@ async def fanout_phase(
         else:
             r.errors[f"subscribe failed: {why}"] += 1
 
-    frames = event_frames(events)
+    frames = event_frames(events, client)
     pub_phase = _Phase(name, len(frames))
-    publisher = _EventLane(pub_phase, url, len(frames), [], [])
+    publisher = _EventLane(pub_phase, url, len(frames), [], [], 0, client)
     await publisher.open()
     assert publisher.conn is not None
     before = watch.snapshot()
@@ -833,6 +875,12 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--phase-timeout", type=float, default=d.phase_timeout)
     p.add_argument(
+        "--client",
+        choices=sorted(CLIENTS),
+        default=d.client,
+        help="load-generator client: the lean built-in one, or the `websockets` library's",
+    )
+    p.add_argument(
         "--phases",
         default=",".join(PHASES),
         help=f"comma-separated subset of {','.join(PHASES)}",
@@ -861,6 +909,7 @@ def profile_from_args(args: argparse.Namespace) -> Profile:
         seed=args.seed,
         phase_timeout=args.phase_timeout,
         phases=phases,
+        client=args.client,
     )
 
 
@@ -901,7 +950,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"refusing to load {args.url}: loopback only", file=sys.stderr)
         return 2
     raise_fd_limit()
-    print(f"load {args.url} (seed {profile.seed}, phases {','.join(profile.phase_names())})")
+    print(
+        f"load {args.url} (seed {profile.seed}, phases {','.join(profile.phase_names())},"
+        f" client {profile.client})"
+    )
     results = run_async(run_load(args.url, profile, args.pid, args.pg_pid, print))
     print()
     print(format_results(results))

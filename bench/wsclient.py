@@ -175,6 +175,10 @@ class WsConnection(asyncio.Protocol):
         if not self.closed and self.transport is not None:
             self.transport.write(frame)
 
+    def send_many(self, frames: list[bytes]) -> None:
+        """Several pre-encoded frames in one write."""
+        self.send(b"".join(frames))
+
     def close(self) -> None:
         """Send a close frame and drop the connection without waiting for the echo."""
         if not self.closed:

@@ -100,6 +100,7 @@ def serve(
         port=settings.port,
         loop="uvloop",
         ws_max_size=settings.limits.max_message_length * 4,
+        ws_per_message_deflate=settings.ws_per_message_deflate,
         ssl_certfile=settings.tls_cert,
         ssl_keyfile=settings.tls_key,
         ws_ping_interval=settings.ping_interval_seconds,

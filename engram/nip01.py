@@ -99,6 +99,12 @@ def signature_valid(event: Event) -> bool:
     """BIP-340 signature over the (already checked) id; False for malformed keys/sigs."""
     if not (is_hex(event.sig, 128) and is_hex(event.pubkey, 64) and is_hex(event.id, 64)):
         return False
+    return signature_valid_hex(event)
+
+
+def signature_valid_hex(event: Event) -> bool:
+    """`signature_valid` for an event whose id, pubkey and sig are already known to be
+    lower-case hex of the right lengths (the relay checks them first, with the shape)."""
     try:
         return _xonly(event.pubkey).verify(bytes.fromhex(event.sig), bytes.fromhex(event.id))
     except (ValueError, TypeError):

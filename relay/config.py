@@ -81,6 +81,15 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     in_flight_max: int = 256  # frames handled concurrently per connection (then backpressure)
     write_batch_max: int = 500  # events per group-commit transaction
     write_concurrency: int = 3  # group-commit transactions in flight at once
+    # NIP-50: kinds whose content is copied into the full-text index (None: every kind
+    # but engrams, whose content is ciphertext). Indexing costs PostgreSQL ~25 us of CPU
+    # per event (to_tsvector and the GIN entries); other kinds store an empty copy.
+    search_kinds: list[int] | None = None
+    verify_threads: int = 1  # BIP-340 checks in this many threads beside the loop (0: inline)
+    # RFC 7692 compression, offered to clients that ask. Off: Nostr frames are small JSON,
+    # deflating each costs CPU on both ends, and uncompressed connections take the
+    # relay's direct receive path (relay.wsserver).
+    ws_per_message_deflate: bool = False
     ping_interval_seconds: float = 30.0  # websocket ping of every connection...
     ping_timeout_seconds: float = 20.0  # ...closed when the pong is this late (dead peer)
     query_timeout_seconds: float = 10.0  # statement timeout of every REQ/COUNT query

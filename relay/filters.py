@@ -110,6 +110,14 @@ def search_matches(query: str, event: Event) -> bool:
     return all(w in words for w in _WORD.findall(query.lower()))
 
 
+def restrict_search(f: Filter, search_kinds: frozenset[int] | None) -> None:
+    """A NIP-50 filter matches only searchable kinds (Settings.search_kinds), stored and
+    live alike: its `kinds` become their intersection (empty: it matches nothing)."""
+    if f.search is not None and search_kinds is not None:
+        kinds = search_kinds if f.kinds is None else search_kinds.intersection(f.kinds)
+        f.kinds = sorted(kinds)
+
+
 def matches(f: Filter, event: Event) -> bool:
     """NIP-01 semantics: every given field must match; within a field any value may."""
     if f.ids is not None and event.id not in f.ids:

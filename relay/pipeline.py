@@ -20,12 +20,13 @@ from relay import metrics, policy, validate, wire
 from relay.bus import EventBus
 from relay.config import Limits, Settings
 from relay.fanout import FanOut
-from relay.filters import Filter, FilterError, parse_filter
+from relay.filters import Filter, FilterError, parse_filter, restrict_search
 from relay.hosts import host_of
 from relay.ratelimit import ConnectionAllowance, RateLimiter
 from relay.session import Session
 from relay.store import EventStore, SaveResult, SaveStatus, StoreError
 from relay.tenants import Tenant, TenantRegistry
+from relay.verifier import BatchVerifier
 from relay.wire import Reason
 
 log = logging.getLogger("engram.relay")
@@ -49,6 +50,10 @@ class Relay:
         self.limiter = RateLimiter(settings.rate)
         self.bus = bus
         self.clock = clock
+        kinds = settings.search_kinds
+        self.search_kinds = None if kinds is None else frozenset(kinds)
+        self._background: set[asyncio.Future[None]] = set()
+        self.verifier = BatchVerifier(settings.verify_threads) if settings.verify_threads else None
 
     def tenant_of(self, session: Session) -> Tenant:
         """The session's tenant as currently configured (members and limits change live)."""
@@ -142,6 +147,14 @@ class Relay:
         A stored event's OK is sent by a callback when its batch commits (no task per
         event); only an ephemeral one returns a coroutine (the bus hand-off).
         """
+        if self.verifier is not None:
+            why = validate.check_unsigned(event, tenant.limits, int(self.clock()))
+            if why:
+                self.answer(session, tenant, event, False, why)
+                return None
+            session.event_started()
+            self.verifier.submit(event, lambda ok: self._verified(session, tenant, event, ok))
+            return None
         why = self.check(tenant, event, session)
         if why:
             self.answer(session, tenant, event, False, why)
@@ -155,6 +168,27 @@ class Relay:
             lambda done: self._committed(session, tenant, event, raw, done)
         )
         return None
+
+    def _verified(self, session: Session, tenant: Tenant, event: Event, valid: bool) -> None:
+        """`ingest` after the verifier thread's answer (the event is counted in flight)."""
+        why = (
+            policy.check_write(event, session.authed, session.admitted, tenant)
+            if valid
+            else (validate.INVALID_SIGNATURE)
+        )
+        if why or validate.is_ephemeral(event.kind):
+            session.event_done()
+            self.answer(session, tenant, event, not why, why or "")
+            if not why:
+                raw = wire.encode_event(event)
+                task = asyncio.ensure_future(self.publish_ephemeral(tenant, event, raw))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            return
+        raw = wire.encode_event(event)
+        self.store.submit(event, raw, tenant.key).add_done_callback(
+            lambda done: self._committed(session, tenant, event, raw, done)
+        )
 
     def _committed(
         self,
@@ -247,6 +281,7 @@ class Relay:
             why = policy.check_read(f, session.authed, tenant.limits)
             if why:
                 return wire.closed(sub_id, why)
+            restrict_search(f, self.search_kinds)
         return filters
 
     async def count_reply(

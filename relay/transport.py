@@ -167,14 +167,73 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
 
+    async def guarded(work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        except Exception:  # one frame's bug must not take the connection down
+            log.exception("unhandled error in frame handler")
+            session.send(wire.notice(Reason.ERROR("internal error")))
+
+    def receive_direct() -> asyncio.Future[None] | None:
+        """The server's direct receive path (relay.wsserver), when it offers one: each
+        message is handled synchronously in the protocol's data_received; past
+        `in_flight_max` EVENTs or tasks in flight the socket is not read."""
+        direct = conn.direct
+        if direct is None or not hasattr(direct, "receive_direct"):
+            return None
+        limit = relay.settings.in_flight_max
+        handle = relay.handle
+        gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        paused = False
+
+        def wake(_: object = None) -> None:
+            nonlocal paused
+            if paused and session.in_flight < limit and len(tasks) < limit:
+                paused = False
+                direct.resume_receiving()
+
+        def done(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            if paused:
+                wake()
+
+        def on_message(frame: str | bytes) -> bool:
+            nonlocal paused
+            try:
+                work = handle(session, frame)
+            except Exception:
+                log.exception("unhandled error in frame handler")
+                session.send(wire.notice(Reason.ERROR("internal error")))
+                work = None
+            if work is not None:
+                task = asyncio.ensure_future(guarded(work))
+                tasks.add(task)
+                task.add_done_callback(done)
+            if session.in_flight < limit and len(tasks) < limit:
+                return True
+            paused = True
+            return False
+
+        def on_gone() -> None:
+            if not gone.done():
+                gone.set_result(None)
+
+        session.on_event_done = wake
+        if not direct.receive_direct(on_message, on_gone):
+            session.on_event_done = None
+            return None
+        return gone
+
     session.send(wire.auth_challenge(session.challenge))
-    reader = asyncio.create_task(read())
+    reader: asyncio.Future[None] = receive_direct() or asyncio.create_task(read())
     metrics.connection_opened(tenant.key)
     try:
         # whichever ends first ends the connection: the client leaving, the writer
         # failing, or the reader being dropped as a slow consumer
         await asyncio.wait({reader, writer, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        if not isinstance(reader, asyncio.Task):  # the direct path: no more messages
+            conn.direct.stop_receiving()
         metrics.connection_closed(tenant.key)
         relay.disconnect(session)
         for task in (reader, writer, gone, *tasks):

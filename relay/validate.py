@@ -7,7 +7,7 @@ The BIP-340 verification runs last, so a flood of junk costs little CPU.
 from __future__ import annotations
 
 from engram import validate_engram_envelope
-from engram.nip01 import Event, id_matches, is_hex, signature_valid
+from engram.nip01 import Event, id_matches, is_hex, signature_valid_hex
 from relay.config import KIND_AUTH, KIND_ENGRAM, Limits
 from relay.wire import Reason
 
@@ -105,18 +105,26 @@ def check_id(event: Event) -> str | None:
 
 
 def check_signature(event: Event) -> str | None:
-    if not signature_valid(event):
-        return Reason.INVALID("signature verification failed")
+    """After check_shape (hex fields already checked)."""
+    if not signature_valid_hex(event):
+        return INVALID_SIGNATURE
     return None
 
 
-def check_event(event: Event, limits: Limits, now: int) -> str | None:
-    """The whole stateless validity of an event, in cost order."""
+def check_unsigned(event: Event, limits: Limits, now: int) -> str | None:
+    """Everything but the signature, in cost order."""
     return (
         check_shape(event, limits, now)
         or check_expiration(event, now)
         or check_kind(event)
         or check_pow(event, limits.min_pow_difficulty)
         or check_id(event)
-        or check_signature(event)
     )
+
+
+def check_event(event: Event, limits: Limits, now: int) -> str | None:
+    """The whole stateless validity of an event, in cost order."""
+    return check_unsigned(event, limits, now) or check_signature(event)
+
+
+INVALID_SIGNATURE = Reason.INVALID("signature verification failed")

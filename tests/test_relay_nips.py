@@ -300,3 +300,26 @@ async def test_auth_required_is_enforced(start_relay):
         assert (await c.auth(sk, rp.url, int(time.time())))[2] is True
         assert (await c.publish(ev(sk, content="after auth")))[2] is True
         assert len(await c.query({"authors": [pubkey_of(sk)]})) == 1
+
+
+async def test_search_only_in_searchable_kinds(start_relay, tmp_path):
+    """`search_kinds`: other kinds are neither indexed nor matched, stored or live."""
+    config = tmp_path / "search.toml"
+    config.write_text("search_kinds = [30023]\n")
+    rp = start_relay(args=("--config", str(config)))
+    sk = key(40)
+    async with await Client.connect(rp.url) as c, await Client.connect(rp.url) as live:
+        note = ev(sk, content="searchable words here")
+        article = ev(sk, 30023, [("d", "a")], "searchable words here")
+        for e in (note, article):
+            assert (await c.publish(e))[2]
+        assert ids(await c.query({"search": "words"})) == {article.id}
+        assert await c.query({"search": "words", "kinds": [1]}) == []
+        assert ids(await c.query({"ids": [note.id]})) == {note.id}  # stored all the same
+        _, end = await live.req("live", {"search": "fresh"})
+        assert end[0] == "EOSE"
+        later_note = ev(sk, content="fresh words")
+        later_article = ev(sk, 30023, [("d", "b")], "fresh words")
+        for e in (later_note, later_article):
+            assert (await c.publish(e))[2]
+        assert (await live.recv())[2]["id"] == later_article.id

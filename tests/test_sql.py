@@ -137,7 +137,12 @@ def test_encode_row(make_event: Callable[..., Event]) -> None:
     ev = make_event(sk, kind=KIND_ENGRAM, tags=[["d", "h"], ["p", PK]], content="a\x00b")
     row = sql.encode_row(ev, b"{raw}")
     assert row[0] == bytes.fromhex(ev.id) and row[4] == "h" and row[5] == bytes.fromhex(PK)
-    assert row[6] == '{"d:h","p:' + PK + '"}' and row[7] == "ab" and row[9] == b"{raw}"
+    # engram content is ciphertext, never searched: no copy for the full-text index
+    assert row[6] == '{"d:h","p:' + PK + '"}' and row[7] == "" and row[9] == b"{raw}"
+    note = make_event(sk, kind=1, content="a\x00b")
+    assert sql.encode_row(note, b"")[7] == "ab"  # Postgres text holds no NUL
+    assert sql.encode_row(note, b"", frozenset({0, 1}))[7] == "ab"
+    assert sql.encode_row(note, b"", frozenset({30023}))[7] == ""  # not a searchable kind
     for bad, why in (
         (make_event(sk, kind=20000), "ephemeral"),
         (make_event(sk, kind=2**31), "kind"),

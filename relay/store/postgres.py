@@ -120,6 +120,8 @@ class PostgresStore:
         self._reads = ReadBatcher(
             pool, self._query_timeout, settings.read_batch_max, settings.read_concurrency
         )
+        kinds = settings.search_kinds
+        self._search_kinds = None if kinds is None else frozenset(kinds)
 
     @classmethod
     async def open(cls, dsn: str, settings: Settings) -> PostgresStore:
@@ -183,7 +185,7 @@ class PostgresStore:
             future.set_result(CLOSED)
             return future
         try:
-            row = encode_row(event, raw)
+            row = encode_row(event, raw, self._search_kinds)
         except RowError as exc:
             future.set_result(SaveResult(SaveStatus.ERROR, str(exc)))
             return future

@@ -251,8 +251,12 @@ class RowError(ValueError):
     """An event that cannot become a row; str() is the OK message (`invalid: ...`)."""
 
 
-def encode_row(event: Event, raw: bytes) -> Row:
-    """The column values of one event; raises RowError."""
+def encode_row(event: Event, raw: bytes, search_kinds: frozenset[int] | None = None) -> Row:
+    """The column values of one event; raises RowError.
+
+    `content` is the copy the full-text index reads: empty for engrams (ciphertext) and,
+    when `search_kinds` is given, for every kind not in it.
+    """
     kind, created_at, tags = event.kind, event.created_at, event.tags
     if is_ephemeral(kind):
         raise RowError("invalid: ephemeral events (kinds 20000-29999) are not stored")
@@ -266,7 +270,9 @@ def encode_row(event: Event, raw: bytes) -> Row:
         # ingest already refuses these (validate_engram_envelope); the read side relies on it
         raise RowError("invalid: agent-engram event must carry exactly one d tag")
     content = event.content
-    if "\x00" in content:  # Postgres text cannot hold NUL; `raw` keeps the exact event
+    if kind == KIND_ENGRAM or (search_kinds is not None and kind not in search_kinds):
+        content = ""  # never searched: `raw` keeps the event
+    elif "\x00" in content:  # Postgres text cannot hold NUL; `raw` keeps the exact event
         content = content.replace("\x00", "")
     return (
         bytes.fromhex(event.id),
