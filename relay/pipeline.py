@@ -21,6 +21,7 @@ from relay.bus import EventBus
 from relay.config import Limits, Settings
 from relay.fanout import FanOut
 from relay.filters import Filter, FilterError, parse_filter
+from relay.negentropy import NegentropyService
 from relay.ratelimit import ConnectionAllowance, RateLimiter
 from relay.session import Session
 from relay.store import EventStore, SaveResult, SaveStatus, StoreError
@@ -48,6 +49,7 @@ class Relay:
         self.limiter = RateLimiter(settings.rate)
         self.bus = bus
         self.clock = clock
+        self.negentropy = NegentropyService(settings, store)
 
     def tenant_of(self, session: Session) -> Tenant:
         """The session's tenant as currently configured (members and limits change live)."""
@@ -92,6 +94,12 @@ class Relay:
             session.send(self.authenticate(session, tenant, msg.event))
         elif isinstance(msg, wire.CountMsg):
             return self.count_reply(session, tenant, msg.sub_id, msg.filters)
+        elif isinstance(msg, wire.NegOpenMsg):
+            return self.negentropy.open(session, tenant, msg)
+        elif isinstance(msg, wire.NegMsg):
+            self.negentropy.message(session, msg)
+        elif isinstance(msg, wire.NegCloseMsg):
+            self.negentropy.close(session, msg.sub_id)
         return None
 
     def rate_limited(self, session: Session, msg: wire.Message) -> bytes | None:
@@ -111,6 +119,8 @@ class Relay:
             return wire.ok(msg.event.id, False, why)
         if isinstance(msg, wire.ReqMsg | wire.CountMsg):
             return wire.closed(msg.sub_id, why)
+        if isinstance(msg, wire.NegOpenMsg | wire.NegMsg):
+            return wire.neg_err(msg.sub_id, why)
         return wire.notice(why)
 
     def address_subscriptions_full(
@@ -343,5 +353,6 @@ class Relay:
     def disconnect(self, session: Session) -> None:
         session.closed = True
         self.fanouts[session.tenant.key].drop_connection(session)
+        self.negentropy.drop_connection(session)
         if session.allowance is not None:
             self.limiter.disconnect(session.tenant.key, session.ip, session)
