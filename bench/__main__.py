@@ -15,6 +15,7 @@ commands:
   compare   start this relay and the peer relays on loopback, load each, print ratios
   crossnode publish -> delivery latency between two relay processes on one PostgreSQL
   soak      relay memory over a long mixed run (default 10 minutes)
+  negentropy  NIP-77: reconcile two relays' stores of 100,000 events differing by 1%
 
 `python -m bench <command> --help` shows each command's options."""
 
@@ -41,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import soak
 
         return soak.main(rest)
+    if command == "negentropy":
+        from bench import negentropy
+
+        return negentropy.main(rest)
     if command == "crossnode":
         from bench import crossnode
 

@@ -14,6 +14,7 @@ from cli.acp import ACP_CONTEXT_SETTINGS, acp_command
 from cli.common import ConfigOpt, DatabaseOpt, DataDirOpt, resolve_database_url, settings_or_exit
 from cli.mem import mem_app
 from cli.ops import config_app, keygen
+from cli.sync import sync_command
 from cli.tenant import tenant_app
 
 app = typer.Typer(
@@ -32,6 +33,7 @@ app.command("keygen")(keygen)
 app.command("export")(data.export)
 app.command("import")(data.import_)
 app.command("prune")(data.prune)
+app.command("sync")(sync_command)
 
 
 @app.command()
