@@ -167,9 +167,9 @@ def _decode_negentropy(verb: str, items: list[msgspec.Raw]) -> Message:
         raise WireError(notice(Reason.INVALID(f"{verb} needs a subscription id")))
     sub_id = _sub_id(items[1], verb, neg=True)
     if len(items) != _NEG_ARITY[verb]:
-        raise WireError(
-            neg_err(sub_id, Reason.INVALID(f"{verb} takes {_NEG_ARITY[verb] - 1} values"))
-        )
+        n = _NEG_ARITY[verb] - 1
+        why = Reason.INVALID(f"{verb} takes {n} value{'s' if n > 1 else ''}")
+        raise WireError(neg_err(sub_id, why))
     if verb == "NEG-CLOSE":
         return NegCloseMsg(sub_id)
     try:
