@@ -151,23 +151,32 @@ def main(argv: list[str] | None = None) -> int:
         a, b = nodes
         print(f"{pg.settings()}; 2 relay processes on loopback")
 
-        from cli.client import open_relay
+        import psutil
+
+        from cli.client import fetch_nip11, open_relay
         from cli.sync import Peer, reconcile
 
+        relays = [psutil.Process(node.pid) for node in nodes]
+
         async def bridge() -> tuple[float, int, int, int]:
+            docs = [await fetch_nip11(node.url, 10) for node in nodes]
             started = time.perf_counter()
             async with open_relay(a.url) as ca, open_relay(b.url) as cb:
-                rec = await reconcile(Peer(ca, None, None), Peer(cb, None, None), {})
+                rec = await reconcile(Peer(ca, None, docs[0]), Peer(cb, None, docs[1]), {})
             took = time.perf_counter() - started
             return took, rec.rounds, len(rec.only_a), len(rec.only_b)
 
-        for label, run in (
-            ("reconcile relay<->relay (bridge)", bridge),
-            ("reconcile relay<->relay (bridge), again", bridge),
-        ):
-            took, rounds, oa, ob = asyncio.run(run())
+        for label in ("reconcile relay<->relay (bridge)", "reconcile relay<->relay, again"):
+            cpu = [sum(p.cpu_times()[:2]) for p in relays]
+            mine = time.process_time()
+            took, rounds, oa, ob = asyncio.run(bridge())
+            mine = time.process_time() - mine
+            cpu = [sum(p.cpu_times()[:2]) - c for p, c in zip(relays, cpu, strict=True)]
             assert (oa, ob) == (half, half), (oa, ob)
-            print(f"  {label:<42} {took:6.2f} s  {rounds} messages, {oa} + {ob} found")
+            print(
+                f"  {label:<42} {took:6.2f} s  {rounds} messages, {oa} + {ob} found; CPU s:"
+                f" client {mine:.2f}, relay A {cpu[0]:.2f}, relay B {cpu[1]:.2f}"
+            )
         items_b = Items.from_pairs((e.created_at, bytes.fromhex(e.id)) for e in common + only_b)
         took, rounds, have, need = asyncio.run(_initiator(a.url, items_b))
         assert (have, need) == (half, half), (have, need)

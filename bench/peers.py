@@ -279,6 +279,10 @@ def start_engram(workdir: Path, args: list[str], env: dict[str, str] | None = No
     """`engram serve` of this checkout on a free port, ready (its /healthz answers)."""
     port = free_port()
     cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), *args]
+    # run from workdir, yet import this checkout (not whatever `cli` is installed)
+    checkout = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH", "")) if p)
+    env = {"PYTHONPATH": path, **(env or {})}
     run = Running("engram-relay", f"ws://127.0.0.1:{port}", _spawn(cmd, workdir, env), workdir)
     return wait_ready(run, port, _healthz_ok)
 

@@ -419,7 +419,9 @@ async def copy_events(
     for k in range(0, len(ids), step):
         chunk = ids[k : k + step]
         events = await src.fetch(chunk)
-        refused["missing"] += len(set(chunk) - {e.id for e in events})
+        missing = len(set(chunk) - {e.id for e in events})
+        if missing:
+            refused["missing"] += missing
         results = await dst.publish_all(events)
         retry = [e for e in events if not results[e.id][0] and results[e.id][1]]
         retry = [e for e in retry if results[e.id][1].startswith("auth-required:")]
@@ -539,7 +541,7 @@ def sync_command(
     ] = None,
     timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds to wait for a relay's first answer.")
-    ] = 10.0,
+    ] = 15.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Copy the events two relays do not share (NIP-77 negentropy, else REQ paging)."""
