@@ -11,6 +11,8 @@ from datetime import timedelta
 from ae_vectors import SECKEY_A, SECKEY_O, ae_events
 from negentropy_support import (
     BASE,
+    KEY_A,
+    KEY_B,
     KEY_THIRD,
     event,
     items_of,
@@ -22,6 +24,7 @@ from nostr_client import Client, pub
 
 from engram import KIND_ENGRAM
 from engram.negentropy import Items, Negentropy
+from engram.nip01 import sign_event
 
 
 def edge_sets() -> tuple[list, list]:
@@ -203,3 +206,34 @@ def _js(e) -> dict:
     import msgspec
 
     return msgspec.to_builtins(e)
+
+
+async def test_sets_keep_tenants_apart_and_leave_out_deleted_and_expired(start_relay) -> None:
+    from test_tenants import connect, http_get, tenant_cli, wait_for
+
+    rp = start_relay(env={"ENGRAM_TENANT_REFRESH_SECONDS": "0.5"})
+    tenant_cli(rp.database_url, "add", "a.test")
+    tenant_cli(rp.database_url, "add", "b.test", "--name", "Beta")
+
+    def served() -> bool:
+        status, body = http_get(rp.port, "b.test")
+        return status == 200 and json.loads(body).get("name") == "Beta"
+
+    wait_for(served)
+    now = int(time.time())
+    kept, gone = event(1, now - 10), event(2, now - 9)
+    deletion = sign_event(KEY_A, now - 5, 5, [["e", gone.id]], "", bytes(32))
+    expiring = sign_event(KEY_A, now - 8, 1, [["expiration", str(now + 2)]], "soon", bytes(32))
+    elsewhere = event(3, now - 7, KEY_B)
+    async with await connect(rp.port, "a.test") as c:
+        for e in (kept, gone, expiring, deletion):
+            assert (await c.publish(e))[2]
+    async with await connect(rp.port, "b.test") as c:
+        assert (await c.publish(elsewhere))[2]
+    wait_for(lambda: time.time() > now + 3)  # the expiration has passed
+    async with await connect(rp.port, "a.test") as c:
+        _, need, _ = await reconcile(c, Items.from_pairs([]), {})
+        assert need == {kept.id, deletion.id}
+    async with await connect(rp.port, "b.test") as c:
+        _, need, _ = await reconcile(c, Items.from_pairs([]), {})
+        assert need == {elsewhere.id}
