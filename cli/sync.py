@@ -250,8 +250,8 @@ class Peer:
         wanted = set(ids)
         found: dict[str, Event] = {}
         while wanted:
-            got = [e for e in await self.query({"ids": sorted(wanted), "limit": len(wanted)})]
-            got = [e for e in got if e.id in wanted]
+            answer = await self.query({"ids": sorted(wanted), "limit": len(wanted)})
+            got = [e for e in answer if e.id in wanted]
             if not got:
                 break
             for e in got:
