@@ -8,6 +8,7 @@ import json
 import time
 
 import msgspec
+import pytest
 import websockets
 from ae_vectors import SECKEY_A, ae_events
 from cli_support import clean_env, engram_async, fake_relay
@@ -127,19 +128,23 @@ async def test_falls_back_to_req_paging_when_a_relay_refuses_negentropy(start_re
     assert await ids_on(other.url) == union
 
 
-async def test_falls_back_when_negentropy_gets_no_answer(start_relay) -> None:
-    """A relay behind a proxy that drops NEG-* frames: no NEG-ERR, no NOTICE, nothing."""
+@pytest.mark.parametrize("answer", ["nothing", "notice"])
+async def test_falls_back_when_negentropy_is_not_understood(start_relay, answer: str) -> None:
+    """A relay behind a proxy that does not know NEG-* frames: it answers a NOTICE, as
+    relays do for an unknown verb, or nothing at all."""
     real = start_relay()
     a, b = sets()
     await publish(real.url, a)
 
-    async def deaf(ws: ServerConnection) -> None:
+    async def proxy(ws: ServerConnection) -> None:
         async with websockets.connect(real.url, max_size=None) as up:
 
             async def client_to_relay() -> None:
                 async for frame in ws:
                     if not str(frame).startswith('["NEG-'):
                         await up.send(frame)
+                    elif answer == "notice":
+                        await ws.send('["NOTICE","invalid: unknown message type"]')
 
             async def relay_to_client() -> None:
                 async for frame in up:
@@ -152,10 +157,11 @@ async def test_falls_back_when_negentropy_gets_no_answer(start_relay) -> None:
 
     other = start_relay()
     await publish(other.url, b)
-    async with fake_relay(deaf) as url:
+    async with fake_relay(proxy) as url:
         out = await sync("--from", url, "--to", other.url, "--timeout", "3")
     assert out["method"] == "negentropy+req", out
-    assert "no negentropy answer" in out["fallback"][url]
+    why = "no negentropy answer" if answer == "nothing" else "NOTICE"
+    assert why in out["fallback"][url]
     assert (out["have"], out["need"], out["copied_up"]) == (3, 3, 3)
 
 
