@@ -8,6 +8,8 @@ import time
 import urllib.request
 from datetime import timedelta
 
+import msgspec
+import pytest
 from ae_vectors import SECKEY_A, SECKEY_O, ae_events
 from negentropy_support import (
     BASE,
@@ -156,56 +158,42 @@ async def test_limits_answer_neg_err_with_the_right_prefix(start_relay) -> None:
         assert notice[0] == "NOTICE" and notice[1].startswith("invalid: message too large")
 
 
-async def test_nostr_sdk_sync_against_our_relay_both_directions(relay, tmp_path) -> None:
-    from nostr_sdk import (
-        ClientBuilder,
-        Filter,
-        Kind,
-        NostrDatabase,
-        NostrLmdb,
-        RelayUrl,
-        SyncDirection,
-        SyncOptions,
-        uniffi_set_event_loop,
-    )
-    from nostr_sdk import (
-        Event as SdkEvent,
-    )
+@pytest.mark.parametrize("direction", ["UP", "DOWN", "BOTH"])
+async def test_nostr_sdk_sync_against_our_relay(start_relay, tmp_path, direction: str) -> None:
+    """nostr-sdk's Client.sync (the Rust negentropy) initiates against our relay."""
+    import nostr_sdk as sdk
 
-    # the database is called back from Rust threads: they need to find this loop
-    uniffi_set_event_loop(asyncio.get_running_loop())
+    relay = start_relay()
+    # the SDK's database is called back from Rust threads: they must find this loop
+    sdk.uniffi_set_event_loop(asyncio.get_running_loop())
     a, b = edge_sets()  # a: the SDK's local database, b: our relay
     async with await Client.connect(relay.url) as c:
         await c.publish_many(b)
-    db = await NostrLmdb.open(str(tmp_path / "lmdb"))
+    db = await sdk.NostrLmdb.open(str(tmp_path / "lmdb"))
     for e in a:
-        await db.save_event(SdkEvent.from_json(json.dumps(_js(e))))
-    client = ClientBuilder().database(db).build()
-    await client.add_relay(RelayUrl.parse(relay.url))
+        await db.save_event(sdk.Event.from_json(msgspec.json.encode(e).decode()))
+    client = sdk.ClientBuilder().database(db).build()
+    await client.add_relay(sdk.RelayUrl.parse(relay.url))
     await client.connect()
-    out = await client.sync(
-        Filter().kind(Kind(1)),
-        opts=SyncOptions().direction(SyncDirection.BOTH).initial_timeout(timedelta(seconds=20)),
+    opts = (
+        sdk.SyncOptions()
+        .direction(getattr(sdk.SyncDirection, direction))
+        .initial_timeout(timedelta(seconds=30))
     )
+    out = await client.sync(sdk.Filter().kind(sdk.Kind(1)), opts=opts)
+    await client.disconnect()
     ids_a, ids_b = {e.id for e in a}, {e.id for e in b}
     report = out.report
-    assert {i.to_hex() for i in report.local} == ids_a - ids_b
+    assert {i.to_hex() for i in report.local} == ids_a - ids_b  # edges found both ways
     assert {i.to_hex() for i in report.remote} == ids_b - ids_a
-    assert {i.to_hex() for i in report.received} == ids_b - ids_a
-    assert {i.to_hex() for i in report.sent} == ids_a - ids_b
-    await client.disconnect()
+    up, down = direction in ("UP", "BOTH"), direction in ("DOWN", "BOTH")
+    assert {i.to_hex() for i in report.sent} == (ids_a - ids_b if up else set())
+    assert {i.to_hex() for i in report.received} == (ids_b - ids_a if down else set())
     async with await Client.connect(relay.url) as c:
         stored = {e["id"] for e in await c.query({"kinds": [1], "limit": 500})}
-    assert stored == ids_a | ids_b
-    local = {e.id().to_hex() for e in await db.query(Filter().kind(Kind(1)))}
-    assert local == ids_a | ids_b
-    del NostrDatabase
-
-
-def _js(e) -> dict:
-    import msgspec
-
-    return msgspec.to_builtins(e)
+    assert stored == (ids_a | ids_b if up else ids_b)
+    local = {e.id().to_hex() for e in await db.query(sdk.Filter().kind(sdk.Kind(1)))}
+    assert local == (ids_a | ids_b if down else ids_a)
 
 
 async def test_sets_keep_tenants_apart_and_leave_out_deleted_and_expired(start_relay) -> None:
