@@ -89,6 +89,12 @@ async def test_sync_between_two_of_our_relays_uses_negentropy_and_is_idempotent(
     again = await sync("--from", ra.url, "--to", rb.url, "--direction", "both")
     assert (again["have"], again["need"], again["copied_up"], again["copied_down"]) == (0,) * 4
     assert again["refused"] == {}
+    plain = await engram_async("sync", "--from", ra.url, "--to", rb.url, env=clean_env())
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stdout.decode().splitlines()
+    assert lines[0].startswith("method: negentropy (") and "refused: none" in lines
+    assert f"have: 0 (only on {ra.url})" in lines and "copied: 0 up, 0 down" in lines
+    assert plain.stderr == b""  # not a terminal: no progress bar
 
 
 async def test_sync_with_nostr_sdk_local_relay_both_directions(start_relay) -> None:
