@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pty
+import subprocess
 import time
 
 import msgspec
 import pytest
 import websockets
 from ae_vectors import SECKEY_A, ae_events
-from cli_support import clean_env, engram_async, fake_relay
+from cli_support import ENGRAM, ROOT, clean_env, engram_async, fake_relay
 from negentropy_support import BASE, event, local_relay, same_second_pair
 from nostr_client import Client, pub
 from websockets.asyncio.server import ServerConnection
@@ -191,3 +194,44 @@ async def test_engrams_sync_only_with_their_key(start_relay, tmp_path) -> None:
     heads = await ids_on(src.url, {"kinds": [30174], "authors": [agent]}, SECKEY_A)
     assert out["have"] == len(heads) and out["copied_up"] == len(heads)
     assert await ids_on(dst.url, {"kinds": [30174], "authors": [agent]}, SECKEY_A) == heads
+
+
+async def test_progress_bar_on_a_terminal(start_relay) -> None:
+    ra, rb = start_relay(), start_relay()
+    a, b = sets()
+    await publish(ra.url, a)
+    await publish(rb.url, b)
+    leader, follower = pty.openpty()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *ENGRAM,
+            "sync",
+            "--from",
+            ra.url,
+            "--to",
+            rb.url,
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            env=clean_env(),
+            cwd=ROOT,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0
+        os.close(follower)
+        follower = -1
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal's other end is closed: all read
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    assert b"copying up [" in shown and b"] 3/3" in shown  # the bar, redrawn in place
+    assert b"\r" in shown
+    assert b"copied: 3 up, 0 down" in out  # the summary still goes to stdout
