@@ -297,11 +297,23 @@ class Reconciliation:
 async def _bridge(
     a: Peer, b: Peer, flt: dict[str, Any], timeout: float, progress: Progress
 ) -> Reconciliation:
-    """Negentropy between two relays through this client (both must serve it)."""
+    """Negentropy between two relays through this client (both must serve it).
+
+    Both sessions open at once, so the two relays read their sets in parallel; B's
+    first answer (a split of its own set) is not needed and is dropped.
+    """
     bridge = Bridge(a.frame_limit, b.frame_limit)
-    reply = await a.neg_open(flt, bridge.initial(), timeout)
+    opened = await asyncio.gather(
+        a.neg_open(flt, bridge.initial(), timeout),
+        b.neg_open(flt, bridge.initial(), timeout),
+        return_exceptions=True,
+    )
+    for answer in opened:
+        if isinstance(answer, BaseException):
+            raise answer
+    reply = opened[0]
+    assert isinstance(reply, bytes)
     sender, receiver = a, b
-    opened_b = False
     while True:
         progress("reconciling", bridge.rounds, 0)
         try:
@@ -310,11 +322,7 @@ async def _bridge(
             raise Unsupported(sender.url, f"bad negentropy message: {exc}") from exc
         if out is None:
             break
-        if receiver is b and not opened_b:
-            reply = await b.neg_open(flt, out, timeout)
-            opened_b = True
-        else:
-            reply = await receiver.neg_msg(out)
+        reply = await receiver.neg_msg(out)
         sender, receiver = receiver, sender
     await a.neg_close()
     await b.neg_close()
