@@ -17,6 +17,7 @@ from cli.common import ConfigOpt, DatabaseOpt, DataDirOpt, resolve_database_url,
 from cli.mcp import mcp_command
 from cli.mem import mem_app
 from cli.ops import config_app, keygen
+from cli.sync import sync_command
 from cli.tenant import tenant_app
 
 app = typer.Typer(
@@ -36,6 +37,7 @@ app.command("mcp")(mcp_command)
 app.command("export")(data.export)
 app.command("import")(data.import_)
 app.command("prune")(data.prune)
+app.command("sync")(sync_command)
 
 
 @app.command()

@@ -107,6 +107,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     db_pool_max: int = 10
     log_level: str = "info"  # debug | info | warning | error | critical
     log_format: str = "text"  # text (human-readable) | json (one JSON object per line)
+    # NIP-77 negentropy: items one NEG-OPEN may reconcile (past it: NEG-ERR "blocked: …",
+    # ~40 bytes of relay memory per item), sessions open per connection, idle seconds
+    negentropy_max_items: int = 500_000
+    negentropy_max_sessions: int = 4
+    negentropy_idle_seconds: float = 60.0
 
 
 class ConfigError(ValueError):

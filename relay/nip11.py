@@ -12,7 +12,7 @@ import msgspec
 
 from relay.tenants import Tenant
 
-SUPPORTED_NIPS = [1, 9, 11, 13, 40, 42, 45, 50]
+SUPPORTED_NIPS = [1, 9, 11, 13, 40, 42, 45, 50, 77]
 SOFTWARE = "https://pypi.org/project/engram-relay/"
 
 

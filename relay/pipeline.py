@@ -22,6 +22,7 @@ from relay.config import Limits, Settings
 from relay.fanout import FanOut
 from relay.filters import Filter, FilterError, parse_filter, restrict_search
 from relay.hosts import host_of
+from relay.negentropy import NegentropyService
 from relay.ratelimit import ConnectionAllowance, RateLimiter
 from relay.session import Session
 from relay.store import EventStore, SaveResult, SaveStatus, StoreError
@@ -54,6 +55,7 @@ class Relay:
         self.search_kinds = None if kinds is None else frozenset(kinds)
         self._background: set[asyncio.Future[None]] = set()
         self.verifier = BatchVerifier(settings.verify_threads) if settings.verify_threads else None
+        self.negentropy = NegentropyService(settings, store)
 
     def tenant_of(self, session: Session) -> Tenant:
         """The session's tenant as currently configured (members and limits change live)."""
@@ -98,6 +100,12 @@ class Relay:
             session.send(self.authenticate(session, tenant, msg.event))
         elif isinstance(msg, wire.CountMsg):
             return self.count_reply(session, tenant, msg.sub_id, msg.filters)
+        elif isinstance(msg, wire.NegOpenMsg):
+            return self.negentropy.open(session, tenant, msg)
+        elif isinstance(msg, wire.NegMsg):
+            self.negentropy.message(session, msg)
+        elif isinstance(msg, wire.NegCloseMsg):
+            self.negentropy.close(session, msg.sub_id)
         return None
 
     def rate_limited(self, session: Session, msg: wire.Message) -> bytes | None:
@@ -117,6 +125,8 @@ class Relay:
             return wire.ok(msg.event.id, False, why)
         if isinstance(msg, wire.ReqMsg | wire.CountMsg):
             return wire.closed(msg.sub_id, why)
+        if isinstance(msg, wire.NegOpenMsg | wire.NegMsg):
+            return wire.neg_err(msg.sub_id, why)
         return wire.notice(why)
 
     def address_subscriptions_full(
@@ -382,5 +392,6 @@ class Relay:
     def disconnect(self, session: Session) -> None:
         session.closed = True
         self.fanouts[session.tenant.key].drop_connection(session)
+        self.negentropy.drop_connection(session)
         if session.allowance is not None:
             self.limiter.disconnect(session.tenant.key, session.ip, session)

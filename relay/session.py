@@ -7,6 +7,7 @@ connection) and `send_wait` (await room in the connection's bounded queue).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from engram.nipoa import Clause
 from relay.ratelimit import ConnectionAllowance
@@ -25,6 +26,7 @@ class Session:
         "host",
         "in_flight",
         "ip",
+        "negentropy",
         "on_event_done",
         "tenant",
     )
@@ -50,6 +52,7 @@ class Session:
         self.closed = False
         self.in_flight = 0  # EVENTs waiting for their commit
         self.on_event_done: Callable[[], None] | None = None  # the transport's wake-up
+        self.negentropy: dict[str, Any] | None = None  # NIP-77 sessions (relay.negentropy)
         self._send = send
         self._send_wait = send_wait
 

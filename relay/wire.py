@@ -31,6 +31,7 @@ class Reason(enum.StrEnum):
     DUPLICATE = "duplicate"
     POW = "pow"
     ERROR = "error"
+    CLOSED = "closed"  # NIP-77: a negentropy session the relay ended
 
     def __call__(self, text: str) -> str:
         return f"{self.value}: {text}"
@@ -66,7 +67,24 @@ class AuthMsg(msgspec.Struct):
     event: Event
 
 
-Message = EventMsg | ReqMsg | CountMsg | CloseMsg | AuthMsg
+class NegOpenMsg(msgspec.Struct):
+    """NIP-77 `["NEG-OPEN", <sub>, <filter>, <hex message>]`."""
+
+    sub_id: str
+    filter: msgspec.Raw
+    message: bytes
+
+
+class NegMsg(msgspec.Struct):
+    sub_id: str
+    message: bytes
+
+
+class NegCloseMsg(msgspec.Struct):
+    sub_id: str
+
+
+Message = EventMsg | ReqMsg | CountMsg | CloseMsg | AuthMsg | NegOpenMsg | NegMsg | NegCloseMsg
 
 
 def _id_of(raw: msgspec.Raw) -> str | None:
@@ -91,13 +109,14 @@ def _decode_event(raw: msgspec.Raw, verb: str) -> Event:
     raise WireError(notice(f"{why} in {verb}"))
 
 
-def _sub_id(raw: msgspec.Raw, verb: str) -> str:
+def _sub_id(raw: msgspec.Raw, verb: str, neg: bool = False) -> str:
     try:
         sub_id = _str.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise WireError(notice(Reason.INVALID(f"{verb} subscription id must be a string"))) from exc
     if not sub_id:
-        raise WireError(closed(sub_id, Reason.INVALID("subscription id must not be empty")))
+        why = Reason.INVALID("subscription id must not be empty")
+        raise WireError(neg_err(sub_id, why) if neg else closed(sub_id, why))
     return sub_id
 
 
@@ -134,7 +153,35 @@ def decode(frame: bytes | str) -> Message:
         if len(items) != 2:
             raise WireError(notice(Reason.INVALID("AUTH takes exactly one event")))
         return AuthMsg(_decode_event(items[1], verb))
+    if verb in _NEG_ARITY:
+        return _decode_negentropy(verb, items)
     raise WireError(notice(Reason.INVALID(f"unknown message type {verb[:16]!r}")))
+
+
+_NEG_ARITY = {"NEG-OPEN": 4, "NEG-MSG": 3, "NEG-CLOSE": 2}
+
+
+def _decode_negentropy(verb: str, items: list[msgspec.Raw]) -> Message:
+    """NIP-77 frames; once the subscription id is known, errors answer with NEG-ERR."""
+    if len(items) < 2:
+        raise WireError(notice(Reason.INVALID(f"{verb} needs a subscription id")))
+    sub_id = _sub_id(items[1], verb, neg=True)
+    if len(items) != _NEG_ARITY[verb]:
+        n = _NEG_ARITY[verb] - 1
+        why = Reason.INVALID(f"{verb} takes {n} value{'s' if n > 1 else ''}")
+        raise WireError(neg_err(sub_id, why))
+    if verb == "NEG-CLOSE":
+        return NegCloseMsg(sub_id)
+    try:
+        hex_msg = _str.decode(items[-1])
+        message = bytes.fromhex(hex_msg)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+        raise WireError(
+            neg_err(sub_id, Reason.INVALID("negentropy message must be a hex string"))
+        ) from exc
+    if verb == "NEG-MSG":
+        return NegMsg(sub_id, message)
+    return NegOpenMsg(sub_id, items[2], message)
 
 
 def encode_event(event: Event) -> bytes:
@@ -160,6 +207,14 @@ def notice(message: str) -> bytes:
 
 def closed(sub_id: str, message: str) -> bytes:
     return encode(["CLOSED", sub_id, message])
+
+
+def neg_msg(sub_id: str, message: bytes) -> bytes:
+    return encode(["NEG-MSG", sub_id, message.hex()])
+
+
+def neg_err(sub_id: str, reason: str) -> bytes:
+    return encode(["NEG-ERR", sub_id, reason])
 
 
 def eose(sub_id: str) -> bytes:

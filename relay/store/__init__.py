@@ -69,4 +69,15 @@ class EventStore(Protocol):
         """NIP-45: distinct events matching any filter (limits ignored), same gate."""
         ...
 
+    async def negentropy_items(
+        self,
+        f: Filter,
+        tenant: str = DEFAULT_TENANT,
+        viewer: str | None = None,
+        limit: int = 500_001,
+    ) -> tuple[list[int], bytes]:
+        """NIP-77: (created_at list, concatenated 32-byte ids) of at most `limit` events
+        matching `f`, in (created_at, id) order, under the same gate as `query`."""
+        ...
+
     async def close(self) -> None: ...

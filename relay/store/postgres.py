@@ -442,6 +442,21 @@ class PostgresStore:
         rows = await self._fetch(*built)
         return int(rows[0][0])
 
+    async def negentropy_items(
+        self,
+        f: Filter,
+        tenant: str = DEFAULT_TENANT,
+        viewer: str | None = None,
+        limit: int = 500_001,
+    ) -> tuple[list[int], bytes]:
+        """NIP-77: the (created_at, id)-ordered set of at most `limit` matching events."""
+        built = q.build_items(f, tenant, viewer, int(time.time()), limit)
+        if built is None:
+            return [], b""
+        rows = await self._fetch(*built)
+        _count, ids, stamps = rows[0]
+        return list(stamps), bytes(ids)
+
     async def tenant_version(self) -> int:
         """Version of the tenant configuration (bumped on every change)."""
         try:

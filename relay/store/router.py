@@ -89,6 +89,15 @@ class StoreRouter:
     ) -> int:
         return await self._reader(tenant).count(filters, tenant, viewer)
 
+    async def negentropy_items(
+        self,
+        f: Filter,
+        tenant: str = DEFAULT_TENANT,
+        viewer: str | None = None,
+        limit: int = 500_001,
+    ) -> tuple[list[int], bytes]:
+        return await self._reader(tenant).negentropy_items(f, tenant, viewer, limit)
+
     def _reader(self, tenant: str) -> PostgresStore:
         store = self.store_for(tenant)
         if store is None:

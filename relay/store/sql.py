@@ -502,3 +502,26 @@ def build_count(
     if not ors:
         return None
     return f"SELECT count(*) FROM events WHERE tenant = $1 AND ({' OR '.join(ors)})", p.values
+
+
+def build_items(
+    f: Filter, tenant: str, viewer: str | None, now: int, limit: int
+) -> tuple[str, list[Any]] | None:
+    """NIP-77: (count, ids concatenated, created_at array) of at most `limit` events
+    matching `f`, in (created_at, id) order, or None if none can match.
+
+    The same conditions as REQ (engram read gate, NIP-40 expiry; deleted rows are gone);
+    the filter's own `limit` is ignored, as a negentropy set is the whole match. One
+    row: the ids as one bytea, the timestamps as one array.
+    """
+    p = _Params(tenant, viewer, now)
+    conds = p.conditions(f)
+    if conds is None:
+        return None
+    where = " AND ".join(["tenant = $1", "created_at >= 0", *conds])
+    return (
+        "SELECT count(*), coalesce(string_agg(id, ''::bytea ORDER BY created_at, id), ''::bytea),"
+        " coalesce(array_agg(created_at ORDER BY created_at, id), '{}'::int8[])"
+        f" FROM (SELECT created_at, id FROM events WHERE {where}"
+        f" ORDER BY created_at, id LIMIT {p.add(limit)}::int8) s"
+    ), p.values
