@@ -108,6 +108,8 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             await retention.stop(pruner)
             await store.close()
 
+    nips = nip11.supported_nips(settings)
+
     async def info(request: Request) -> Response:
         relay: Relay = request.app.state.relay
         tenant = relay.tenants.resolve(request.headers.get("host", ""))
@@ -117,7 +119,7 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             return Response(status_code=204, headers=_CORS)
         if "application/nostr+json" in request.headers.get("accept", ""):
             return JSONResponse(
-                nip11.document(tenant, package_version()),
+                nip11.document(tenant, package_version(), nips),
                 media_type="application/nostr+json",
                 headers=_CORS,
             )

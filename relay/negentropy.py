@@ -80,7 +80,9 @@ class NegentropyService:
             return
         cap = self.settings.negentropy_max_sessions
         if len(opened) >= cap:
-            why = Reason.BLOCKED(f"too many negentropy sessions (max {cap})")
+            why = Reason.BLOCKED(
+                f"too many negentropy sessions (max {cap})" if cap else "NIP-77 is off here"
+            )
             session.send(wire.neg_err(sub_id, why))
             return
         state = _Open()

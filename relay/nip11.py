@@ -10,19 +10,25 @@ from typing import Any
 
 import msgspec
 
+from relay.config import Settings
 from relay.tenants import Tenant
 
 SUPPORTED_NIPS = [1, 9, 11, 13, 40, 42, 45, 50, 77]
 SOFTWARE = "https://pypi.org/project/engram-relay/"
 
 
-def document(tenant: Tenant, version: str) -> dict[str, Any]:
+def supported_nips(settings: Settings) -> list[int]:
+    """The NIPs served with these settings: 77 only while negentropy sessions are allowed."""
+    return [n for n in SUPPORTED_NIPS if n != 77 or settings.negentropy_max_sessions > 0]
+
+
+def document(tenant: Tenant, version: str, nips: list[int] = SUPPORTED_NIPS) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "name": tenant.name,
         "description": tenant.description,
         "software": SOFTWARE,
         "version": version,
-        "supported_nips": SUPPORTED_NIPS,
+        "supported_nips": nips,
         "limitation": limitation(tenant),
     }
     for field in ("pubkey", "contact", "icon"):

@@ -225,3 +225,15 @@ async def test_sets_keep_tenants_apart_and_leave_out_deleted_and_expired(start_r
     async with await connect(rp.port, "b.test") as c:
         _, need, _ = await reconcile(c, Items.from_pairs([]), {})
         assert need == {elsewhere.id}
+
+
+async def test_sessions_off_means_not_served_and_not_advertised(start_relay) -> None:
+    rp = start_relay(env={"ENGRAM_NEGENTROPY_MAX_SESSIONS": "0"})
+    request = urllib.request.Request(rp.http_url, headers={"Accept": "application/nostr+json"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        assert 77 not in json.loads(r.read())["supported_nips"]
+    empty = Negentropy(Items.from_pairs([])).initiate().hex()
+    async with await Client.connect(rp.url) as c:
+        await c.send(["NEG-OPEN", "off", {}, empty])
+        err = await neg_reply(c, "off")
+        assert err[0] == "NEG-ERR" and err[2] == "blocked: NIP-77 is off here"
