@@ -6,14 +6,17 @@ with REQ. Real relays of ours, one with negentropy turned off, and nostr-sdk's L
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from cli_support import Keys
+import websockets
+from cli_support import Keys, fake_relay
 from relay_fixtures import RelayProcess
 from test_memory_sets import api, event_for, local_relay, mem, ok, put
+from websockets.asyncio.server import ServerConnection
 
 from engram.nip01 import Event
 
@@ -90,29 +93,61 @@ async def test_migrate_to_a_fresh_relay_via_negentropy(
     assert again["missing"] == {fresh.url: []}
 
 
+def notice_proxy(upstream: str) -> Callable[[ServerConnection], Awaitable[None]]:
+    """A relay behind a proxy that does not know NEG-* frames: it answers them with a
+    NOTICE, as relays do for an unknown verb, and publishes no NIP-11 document."""
+
+    async def proxy(ws: ServerConnection) -> None:
+        async with websockets.connect(upstream, max_size=None) as up:
+
+            async def client_to_relay() -> None:
+                async for frame in ws:
+                    if str(frame).startswith('["NEG-'):
+                        await ws.send('["NOTICE","invalid: unknown message type"]')
+                    else:
+                        await up.send(frame)
+
+            async def relay_to_client() -> None:
+                async for frame in up:
+                    await ws.send(frame)
+
+            pumps = [asyncio.ensure_future(p()) for p in (client_to_relay, relay_to_client)]
+            _, pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+
+    return proxy
+
+
 async def test_falls_back_to_req_without_negentropy_and_works_with_local_relay(
     start_relay: Callable[..., RelayProcess], tmp_path: Path
 ) -> None:
-    ours = start_relay()
-    # NIP-11 still lists 77, but every NEG-OPEN is answered NEG-ERR "blocked: …"
+    # negentropy off: NEG-OPEN is refused (and, where NIP-11 says so, not even tried)
     plain = start_relay(env={"ENGRAM_NEGENTROPY_MAX_SESSIONS": "0", "ENGRAM_LIMITS_MAX_LIMIT": "7"})
+    ours, hidden = start_relay(), start_relay()
     keys = Keys.fresh()
     events, heads = history(keys, 20)
-    await put(ours.url, events, keys.agent_sk)
+    await put(plain.url, events, keys.agent_sk)
     with local_relay(tmp_path) as sdk:
-        relays = [ours.url, plain.url, sdk]
-        synced = await api(keys, relays).sync()
-        assert synced.ok and synced.heads == 20
-        methods = {u: r.method for u, r in synced.relays.items()}
-        assert methods == {ours.url: "req", plain.url: "req", sdk: "negentropy"}
-        assert synced.relays[plain.url].published == synced.relays[sdk].published == 20
-        assert not synced.report.incomplete.get(plain.url)
-        want = {f"mem/h/{i}": e.id for i, e in enumerate(heads)}
-        for url in relays:
-            assert await held_heads(keys, url) == want, url
+        async with fake_relay(notice_proxy(hidden.url)) as proxied:
+            relays = [plain.url, ours.url, proxied, sdk]
+            synced = await api(keys, relays).sync()
+            assert synced.ok and synced.heads == 20
+            methods = {u: r.method for u, r in synced.relays.items()}
+            assert methods == {
+                plain.url: "req",
+                ours.url: "negentropy",
+                proxied: "req",  # tried, answered with a NOTICE: paged instead
+                sdk: "negentropy",
+            }
+            for url in relays[1:]:
+                assert synced.relays[url].published == 20, url
+            want = {f"mem/h/{i}": e.id for i, e in enumerate(heads)}
+            for url in relays:
+                assert await held_heads(keys, url) == want, url
 
-        again = await api(keys, relays).sync()
-        assert {u: (r.published, r.up_to_date) for u, r in again.relays.items()} == {
-            u: (0, 20) for u in relays
-        }
-        assert {u: r.method for u, r in again.relays.items()} == methods
+            again = await api(keys, relays).sync()
+            assert {u: (r.published, r.up_to_date) for u, r in again.relays.items()} == {
+                u: (0, 20) for u in relays
+            }
+            assert {u: r.method for u, r in again.relays.items()} == methods
