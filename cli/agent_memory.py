@@ -22,12 +22,13 @@ import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
+from cli.client import RelayClient
 from cli.errors import (
     AgentMemoryError,
     AuthError,
@@ -41,6 +42,7 @@ from cli.paging import Fetched, fetch_all
 from cli.patch import PatchError, apply_patch
 from cli.relayset import RelaySession, parse_relays
 from cli.search import Match, search_heads
+from cli.sync import FETCH_CHUNK, Peer, Unsupported, reconcile_items
 from engram import (
     CORE_SLUG,
     FUTURE_SKEW_MAX,
@@ -65,6 +67,7 @@ from engram import (
     select_head,
     validate_and_decrypt,
 )
+from engram.negentropy import Items
 from engram.nip01 import Event
 
 __all__ = [
@@ -92,6 +95,7 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT = 10.0
+NEG_OPEN_TIMEOUT = 20.0  # seconds for a relay's first negentropy answer, then REQ paging
 SKIP_REASONS = {
     1: "bad envelope",
     2: "bad signature",
@@ -224,12 +228,14 @@ class RelaySync:
     up_to_date: int = 0
     refused: dict[str, str] = field(default_factory=dict)  # event id -> reason
     error: str | None = None
+    method: str | None = None  # how its holdings were learnt: "negentropy" or "req"
 
     def line(self) -> str:
         if self.error is not None:
             return f"failed: {self.error}"
         text = f"{self.published} republished, {self.up_to_date} already there"
-        return text + (f", {len(self.refused)} refused" if self.refused else "")
+        text += f", {len(self.refused)} refused" if self.refused else ""
+        return text + (f" (via {self.method})" if self.method else "")
 
 
 @dataclass(frozen=True)
@@ -333,6 +339,14 @@ class _Checker:
         return out
 
 
+async def _fetch_ids(peer: Peer, ids: list[str]) -> list[Event]:
+    """The events with these ids that the relay serves, asked for a chunk at a time."""
+    out: list[Event] = []
+    for k in range(0, len(ids), FETCH_CHUNK):
+        out += await peer.fetch(ids[k : k + FETCH_CHUNK])
+    return out
+
+
 def _pick(heads: list[Head]) -> Head:
     best = select_head(h.event for h in heads)
     return next(h for h in heads if h.event is best)
@@ -367,6 +381,7 @@ class _Read:
     views: dict[str, dict[str, Head]]
     candidates: int
     report: SetReport
+    methods: dict[str, str] = field(default_factory=dict)  # relay -> "negentropy" | "req"
 
 
 # --- the API ----------------------------------------------------------------------------
@@ -448,17 +463,26 @@ class AgentMemory:
         return _Read(merged, views, len(candidates), report)
 
     async def _read_all(
-        self, session: RelaySession, checker: _Checker, urls: Sequence[str] | None = None
+        self, session: RelaySession, checker: _Checker, *, negentropy: bool = False
     ) -> tuple[_Read, dict[str, Fetched]]:
-        """Every event of the memory from every relay (paged), validated; heads merged."""
+        """Every event of the memory from every relay, validated; heads merged.
+
+        Each relay is paged with REQ, or with `negentropy`, reconciled where it serves
+        NIP-77 (`_reconciled`)."""
         limits = await session.max_limits()
         query = self._filter()
-        fetched = await session.on_each(lambda c: fetch_all(c, query, limits.get(c.url)), urls=urls)
+        methods: dict[str, str] = {}
+        if negentropy:
+            fetched = await self._reconciled(session, query, limits, methods)
+        else:
+            fetched = await session.on_each(lambda c: fetch_all(c, query, limits.get(c.url)))
         session.raise_if_none(fetched)
         views = {url: checker.heads(f.events.values()) for url, f in fetched.items()}
         merged = _merge(views.values())
         incomplete: dict[str, str] = {}
         for url, f in fetched.items():
+            if methods.get(url) == "negentropy":
+                continue  # the reconciliation is exact
             if f.ignores_until:
                 incomplete[url] = "the relay ignores `until`, so paging cannot go further back"
             elif f.stuck_at:
@@ -470,7 +494,51 @@ class AgentMemory:
                 note = getattr(session, "nip11_notes", {}).get(url, "no max_limit known")
                 incomplete[url] = f"{note}; paged until nothing new came back (may be partial)"
         report = self._report(session, checker, fetched, _behind(views, merged), incomplete)
-        return _Read(merged, views, len(merged), report), fetched
+        return _Read(merged, views, len(merged), report, methods), fetched
+
+    async def _reconciled(
+        self,
+        session: RelaySession,
+        query: dict[str, Any],
+        limits: dict[str, int | None],
+        methods: dict[str, str],
+    ) -> dict[str, Fetched]:
+        """What every relay holds of the memory, each distinct event downloaded once.
+
+        Heads are chosen after decryption, so the memory itself is still read: with REQ
+        paging from the relays NIP-11 says lack NIP-77 (or from the first relay when none
+        says so). Every other relay is reconciled with negentropy (NIP-77) against the
+        events read so far: the ids it lacks tell which heads to give it, and only the
+        events it alone holds are fetched, by id. A relay that turns negentropy down (NEG-ERR,
+        a NOTICE, no answer) is paged with REQ instead.
+        """
+        docs: dict[str, dict[str, Any]] = getattr(session, "nip11_docs", {})
+        seckey = self.identity.seckey
+        peers = {u: Peer(session.clients[u], seckey, docs.get(u)) for u in session.live}
+        paged = [u for u, p in peers.items() if p.serves_negentropy is False] or session.live[:1]
+        fetched = await session.on_each(lambda c: fetch_all(c, query, limits.get(c.url)), paged)
+        methods.update(dict.fromkeys(fetched, "req"))
+        known = {i: e for f in fetched.values() for i, e in f.events.items()}
+        items = Items.from_pairs((e.created_at, bytes.fromhex(i)) for i, e in known.items())
+        wait = min(NEG_OPEN_TIMEOUT, self.timeout)
+
+        async def one(client: RelayClient) -> Fetched:
+            peer = peers[client.url]
+            try:
+                lacks, extra, _ = await reconcile_items(peer, items, query, wait)
+            except Unsupported:
+                await peer.neg_close()
+                methods[client.url] = "req"
+                return await fetch_all(client, query, limits.get(client.url))
+            absent = set(lacks)
+            out = Fetched({i: e for i, e in known.items() if i not in absent})
+            out.events.update((e.id, e) for e in await _fetch_ids(peer, extra))
+            methods[client.url] = "negentropy"
+            return out
+
+        rest = [u for u in session.live if u not in paged]
+        fetched.update(await session.on_each(one, rest))
+        return fetched
 
     def _entry(self, read: _Read, slug: str) -> Entry:
         head = read.merged.get(slug)
@@ -782,9 +850,10 @@ class AgentMemory:
         session = await self._session()
         try:
             checker = _Checker(self.identity)
-            read, fetched = await self._read_all(session, checker)
+            read, fetched = await self._read_all(session, checker, negentropy=True)
             held = {u: set(f.events) for u, f in fetched.items()}
             relays = await self._spread(session, read.merged, held, list(fetched))
+            relays = {u: replace(r, method=read.methods.get(u)) for u, r in relays.items()}
             for url, reason in session.reasons().items():
                 relays.setdefault(url, RelaySync(error=reason))
             report = self._report(session, checker, fetched, {}, read.report.incomplete)
@@ -800,19 +869,20 @@ class AgentMemory:
             checker = _Checker(self.identity)
             sources = [u for u in self.relays if u in session.live]
             session.raise_if_none(sources)
-            read, fetched = await self._read_all(session, checker)
+            read, fetched = await self._read_all(session, checker, negentropy=True)
             held = {u: set(f.events) for u, f in fetched.items()}
             live_targets = [u for u in targets if u in fetched]
             copied = await self._spread(session, read.merged, held, live_targets)
+            copied = {u: replace(r, method=read.methods.get(u)) for u, r in copied.items()}
             # read back: every head's event id must now be on every target
-            limits = await session.max_limits()
-            query = self._filter()
+            heads = [h.event.id for h in read.merged.values()]
+            seckey = self.identity.seckey
             again = await session.on_each(
-                lambda c: fetch_all(c, query, limits.get(c.url)), urls=live_targets
+                lambda c: _fetch_ids(Peer(c, seckey, None), heads), urls=live_targets
             )
             missing: dict[str, list[str]] = {}
             for url in targets:
-                have = set(again[url].events) if url in again else set()
+                have = {e.id for e in again[url]} if url in again else set()
                 missing[url] = sorted(s for s, h in read.merged.items() if h.event.id not in have)
                 if url not in copied:
                     copied[url] = RelaySync(error=session.reasons().get(url, "did not answer"))

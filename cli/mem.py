@@ -392,6 +392,7 @@ def _per_relay(rows: dict[str, RelaySync], json_out: bool, extra: dict[str, Any]
                 "up_to_date": r.up_to_date,
                 "refused": r.refused,
                 "error": r.error,
+                **({"method": r.method} if r.method else {}),
             }
             for url, r in rows.items()
         }

@@ -7,8 +7,9 @@ for again and recognised by id: the `(created_at, id)` tie-break) until a page c
 short. Paging makes no progress only on a relay that ignores `until`, or when more
 events share one second than fit in a page; those are reported, never hidden.
 
-`fetch_all` is the one function sync and migration use to learn what a relay holds:
-a negentropy (NIP-77) reconciliation can replace it for relays that support it.
+`fetch_all` is how reads learn what a relay holds; sync and migration use it for one
+relay and for relays without NIP-77, and reconcile the others with negentropy
+(`AgentMemory._reconciled`).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from cli.client import RelayClient, connect_relay, fetch_nip11, max_limit_of
@@ -130,11 +130,13 @@ class RelaySession:
     async def max_limits(self) -> dict[str, int | None]:
         """NIP-11 `max_limit` of every live relay; None when unknown (and why, in notes)."""
         self.nip11_notes: dict[str, str] = {}
+        self.nip11_docs: dict[str, dict[str, Any]] = {}
 
         async def one(url: str) -> int | None:
             try:
                 remaining = self._deadline - asyncio.get_running_loop().time()
-                return max_limit_of(await fetch_nip11(url, max(remaining, 0.1)))
+                self.nip11_docs[url] = doc = await fetch_nip11(url, max(remaining, 0.1))
+                return max_limit_of(doc)
             except RelayError as exc:
                 self.nip11_notes[url] = str(exc)
                 return None

@@ -334,8 +334,11 @@ async def _bridge(
     )
 
 
-async def _against(peer: Peer, items: Items, flt: dict[str, Any], timeout: float) -> tuple:
-    """Our list as the initiator against one negentropy relay: (ours only, theirs only)."""
+async def reconcile_items(
+    peer: Peer, items: Items, flt: dict[str, Any], timeout: float
+) -> tuple[list[str], list[str], int]:
+    """Our list as the initiator against one negentropy relay: (ours only, theirs only,
+    rounds). Agent memory sync uses it too, with the events it has read."""
     neg = Negentropy(items, peer.frame_limit)
     reply = await peer.neg_open(flt, neg.initiate(), timeout)
     have: list[bytes] = []
@@ -392,7 +395,9 @@ async def reconcile(
     for p, other in ((a, b), (b, a)):
         if neg[p.url] and other.url in listed:
             try:
-                theirs_only, ours_only, rounds = await _against(p, listed[other.url], flt, timeout)
+                theirs_only, ours_only, rounds = await reconcile_items(
+                    p, listed[other.url], flt, timeout
+                )
             except Unsupported as exc:
                 fallback[p.url] = str(exc)
                 await p.neg_close()
