@@ -118,8 +118,9 @@ async def test_sync_with_nostr_sdk_local_relay_both_directions(start_relay) -> N
 
 
 async def test_falls_back_to_req_paging_when_a_relay_refuses_negentropy(start_relay) -> None:
-    # page size 7 and many events per second: the (created_at, id) tie-break matters
-    plain = start_relay(env={"ENGRAM_NEGENTROPY_MAX_SESSIONS": "0", "ENGRAM_LIMITS_MAX_LIMIT": "7"})
+    # page size 7 and many events per second: the (created_at, id) tie-break matters;
+    # NIP-11 lists 77 but every NEG-OPEN over its set is too big (NEG-ERR blocked:)
+    plain = start_relay(env={"ENGRAM_NEGENTROPY_MAX_ITEMS": "2", "ENGRAM_LIMITS_MAX_LIMIT": "7"})
     neg = start_relay()
     a, b = sets()
     await publish(plain.url, a)
@@ -130,10 +131,11 @@ async def test_falls_back_to_req_paging_when_a_relay_refuses_negentropy(start_re
     assert (out["have"], out["need"], out["copied_up"], out["copied_down"]) == (3, 3, 3, 3)
     union = {e.id for e in a} | {e.id for e in b}
     assert await held(plain.url, union) == union == await ids_on(neg.url)
-    # both refusing: REQ paging on both sides
+    # both refusing (this one has NIP-77 off, so NIP-11 omits 77): REQ paging on both sides
     other = start_relay(env={"ENGRAM_NEGENTROPY_MAX_SESSIONS": "0"})
     out = await sync("--from", plain.url, "--to", other.url)
     assert out["method"] == "req" and out["have"] == len(union) and out["copied_up"] == len(union)
+    assert out["fallback"][other.url] == "NIP-11 does not list 77"
     assert await ids_on(other.url) == union
 
 
