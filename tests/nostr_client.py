@@ -12,7 +12,10 @@ import websockets
 
 from engram.nip01 import Event, pubkey_of, sign_event
 
-TIMEOUT = 10.0
+# How long to wait for a message that should come: an outer bound generous enough for a
+# loaded 2-core machine (checks that nothing arrives pass their own short timeout).
+TIMEOUT = 30.0
+OPEN_TIMEOUT = 60.0  # websockets' default (10 s) is too short for 100 handshakes under load
 
 
 class Client:
@@ -23,6 +26,7 @@ class Client:
 
     @classmethod
     async def connect(cls, url: str, **kw: Any) -> Client:
+        kw.setdefault("open_timeout", OPEN_TIMEOUT)
         ws = await websockets.connect(url, max_size=None, **kw)
         c = cls(ws)
         first = await c.recv()

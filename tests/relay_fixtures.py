@@ -75,7 +75,7 @@ class RelayProcess:
                 self.proc.wait(5)
 
 
-def _wait_ready(rp: RelayProcess, timeout: float = 60.0) -> None:
+def _wait_ready(rp: RelayProcess, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if rp.proc.poll() is not None:

@@ -26,6 +26,11 @@ from cli.hook import HEADER, NUDGE, Nothing, Nudge, Profile, fetch_core
 from cli.identity import load_identity
 from engram import Core, build_event
 
+# Outer bounds for a loaded machine: they catch a hang; which deadline ended a read is
+# asserted from its reason, never from how fast it ran.
+BOUND = 30.0
+LONG = 60.0
+
 
 @pytest.fixture(scope="module")
 def relay(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
@@ -74,10 +79,14 @@ async def test_corrupt_core_gives_nothing(relay: RelayProcess) -> None:
 
 
 async def test_relay_down_gives_nothing_quickly() -> None:
+    # A refused connection answers at once: with a long deadline, returning well inside it
+    # shows the hook did not wait for the deadline (the margin absorbs a loaded machine).
     start = time.monotonic()
-    result = await fetch_core(identity(Keys.fresh()), f"ws://127.0.0.1:{closed_port()}")
+    url = f"ws://127.0.0.1:{closed_port()}"
+    result = await fetch_core(identity(Keys.fresh()), url, timeout=LONG)
     assert isinstance(result, Nothing) and result.text is None
-    assert time.monotonic() - start < 1.0
+    assert "within" not in result.reason, result.reason
+    assert time.monotonic() - start < LONG / 2
 
 
 @pytest.mark.parametrize("timeout", [0.5, 3.0])
@@ -87,16 +96,18 @@ async def test_relay_hanging_gives_nothing_at_the_deadline(timeout: float) -> No
         result = await fetch_core(identity(Keys.fresh()), url, timeout=timeout)
         elapsed = time.monotonic() - start
     assert isinstance(result, Nothing)
-    assert "within" in result.reason
-    assert timeout - 0.05 <= elapsed < timeout + 1.0
+    assert f"within {timeout:g} s" in result.reason  # it was this deadline that ended it
+    assert timeout - 0.05 <= elapsed  # not before the deadline...
+    assert elapsed < BOUND  # ...and not hanging (an outer bound, not a speed claim)
 
 
 async def test_relay_silent_after_handshake_gives_nothing() -> None:
     async with fake_relay(silent_relay) as url:
         start = time.monotonic()
         result = await fetch_core(identity(Keys.fresh()), url, timeout=0.5)
-        assert time.monotonic() - start < 1.5
+        assert time.monotonic() - start < BOUND
     assert isinstance(result, Nothing)
+    assert "within 0.5 s" in result.reason, result.reason  # the deadline ended it
 
 
 async def _refuse_auth(ws) -> None:  # type: ignore[no-untyped-def]

@@ -127,7 +127,9 @@ async def test_silent_relay_times_out_with_exit_2() -> None:
         elapsed = time.monotonic() - start
     assert result.returncode == 2
     assert b"timed out" in result.stderr
-    assert elapsed < 10  # process start-up included; the point is that it does not hang
+    # an outer bound (process start-up on a loaded machine included): the point is that it
+    # does not hang; "timed out" above shows the 0.5 s timeout is what ended it
+    assert elapsed < 45
 
 
 async def test_hanging_tcp_times_out_with_exit_2() -> None:

@@ -217,7 +217,7 @@ async def test_progress_bar_on_a_terminal(start_relay) -> None:
             env=clean_env(),
             cwd=ROOT,
         )
-        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        out, _ = await asyncio.wait_for(proc.communicate(), 180)  # outer bound
         assert proc.returncode == 0
         os.close(follower)
         follower = -1

@@ -44,7 +44,7 @@ from relay.config import ENV_PREFIX, KIND_AUTH, Limits, Settings, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
-TIMEOUT = 10.0
+TIMEOUT = 30.0  # an outer bound for one reply or condition on a loaded machine
 SECKEY = hashlib.sha256(b"engram-relay deploy kit test").digest()
 TEST_PASSWORD = "0123456789abcdef"  # stands in for POSTGRES_PASSWORD when interpolating
 TENANT_HOST = "relay.example.com"

@@ -128,7 +128,7 @@ async def stdio_server(env: dict[str, str], *args: str, log_dir: Path) -> AsyncI
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], log_path: Path) -> None:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120  # outer bound for start-up under load
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"engram mcp exited {proc.returncode}:\n{log_path.read_text()}")

@@ -73,7 +73,7 @@ def sample(samples: dict, name: str, **labels: str) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
-def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

@@ -276,7 +276,10 @@ async def test_eose_then_live_then_close(shared_relay):
         msg = await sub.recv()
         assert msg == ["EVENT", "live", msgspec.to_builtins(fresh)]
         await sub.send(["CLOSE", "live"])
-        await asyncio.sleep(0.2)
+        # the relay handles a connection's frames in order: once a later REQ has its EOSE,
+        # the CLOSE has been applied (a fixed sleep may be too short on a loaded machine)
+        _, end = await sub.req("probe", {"ids": ["0" * 64]})
+        assert end == ["EOSE", "probe"]
         assert (await pubr.publish(ev(sk, content="closed")))[2]
         with pytest.raises(asyncio.TimeoutError):
             await sub.recv(timeout=0.5)

@@ -33,17 +33,14 @@ async def test_nostr_sdk_publish_query_subscribe(relay):
     assert [u.__str__() for u in out.success] and not out.failed
 
     mine = Filter().author(keys.public_key()).kind(Kind(1))
-    fetched = await publisher.fetch_events(ReqTarget.auto([mine]), timedelta(seconds=5))
+    fetched = await publisher.fetch_events(ReqTarget.auto([mine]), timedelta(seconds=60))
     assert [e.content() for e in fetched] == ["hello from nostr-sdk"]
     # what the SDK signed verifies in our core, field for field
     ours = msgspec.json.decode(fetched[0].as_json(), type=Event)
     assert verify_event(ours)
 
+    notifications = subscriber.notifications()  # before the REQ: nothing can be missed
     await subscriber.subscribe(ReqTarget.auto([Filter().author(keys.public_key())]))
-    notifications = subscriber.notifications()
-    await asyncio.sleep(0.3)  # the REQ reaches the relay before the live event
-    live = EventBuilder(Kind(1), "live through the relay").finalize(keys)
-    await publisher.send_event(live)
 
     async def events_until(target: str) -> list[str]:
         seen: list[str] = []
@@ -53,7 +50,12 @@ async def test_nostr_sdk_publish_query_subscribe(relay):
                 seen.append(n.event.id().to_hex())
         return seen
 
-    seen = await asyncio.wait_for(events_until(live.id().to_hex()), 10)
+    # the stored note has arrived, so the subscription is open before the live event is
+    # published (a fixed sleep could be too short on a loaded machine)
+    seen = await asyncio.wait_for(events_until(note.id().to_hex()), 60)
+    live = EventBuilder(Kind(1), "live through the relay").finalize(keys)
+    await publisher.send_event(live)
+    seen += await asyncio.wait_for(events_until(live.id().to_hex()), 60)
     assert seen == [note.id().to_hex(), live.id().to_hex()]  # stored, then live
     for client in (publisher, subscriber):
         await client.disconnect()

@@ -53,8 +53,8 @@ async def test_serve_on_embedded_postgres_and_stop_cleanly(tmp_path):
             assert (await c.publish(e)) == ["OK", e.id, True, ""]
         assert f"serving ws://127.0.0.1:{port}" in (tmp_path / "serve.log").read_text()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-        deadline = time.monotonic() + 15
+        assert proc.wait(120) == 0  # outer bounds: PostgreSQL's shutdown is slow under load
+        deadline = time.monotonic() + 60
         while _postgres_of(data_dir):
             assert time.monotonic() < deadline, "the embedded PostgreSQL outlived the relay"
             time.sleep(0.2)

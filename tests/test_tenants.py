@@ -54,7 +54,7 @@ def http_get(port: int, host: str, nip11: bool = True) -> tuple[int, str]:
     return resp.status, resp.read().decode()
 
 
-def wait_for(predicate, timeout: float = 10.0) -> None:
+def wait_for(predicate, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
