@@ -262,12 +262,12 @@ def header(argv: list[str], profile: Profile, rounds: int, pg_settings: str) -> 
     )
 
 
-def write_results(path: Path, text: str) -> None:
-    """Replace the generated block of `path` (or append one) with `text`."""
+def write_results(path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the generated block (between `begin` and `end`) of `path`, or append one."""
     old = path.read_text() if path.exists() else ""
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in old and END in old:
-        new = old[: old.index(BEGIN)] + block + old[old.index(END) + len(END) :]
+    block = f"{begin}\n{text}\n{end}"
+    if begin in old and end in old:
+        new = old[: old.index(begin)] + block + old[old.index(end) + len(end) :]
     else:
         new = (old.rstrip() + "\n\n" if old else "") + block + "\n"
     path.write_text(new)

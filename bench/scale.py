@@ -54,6 +54,7 @@ from pathlib import Path
 import msgspec
 
 from bench import charts
+from bench.compare import write_results
 from bench.load import Watch
 from engram.nip01 import Event, event_id
 from relay.config import Settings
@@ -486,16 +487,6 @@ def _n(x: int) -> str:
     return f"{x // 1_000_000}M" if x >= 1_000_000 else f"{x // 1000}k"
 
 
-def write_results(path: Path, text: str) -> None:
-    old = path.read_text() if path.exists() else ""
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in old and END in old:
-        new = old[: old.index(BEGIN)] + block + old[old.index(END) + len(END) :]
-    else:
-        new = (old.rstrip() + "\n\n" if old else "") + block + "\n"
-    path.write_text(new)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(
@@ -536,6 +527,6 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"\n(scale took {time.monotonic() - t0:.0f} s)")
     if args.results:
-        write_results(args.results, text)
+        write_results(args.results, text, BEGIN, END)
         print(f"wrote {args.results}")
     return 0
