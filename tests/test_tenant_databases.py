@@ -212,7 +212,10 @@ async def test_move_under_running_writers_loses_nothing(placed):
         assert (await sub.req("live", {**flt, "limit": 0}))[1][0] == "EOSE"
         e = ev(sk, "after the move, live")
         assert (await pub.publish(e))[2] is True
-        assert await received(sub, e.id) == [e.id]
+        # n2's tail of the new database may still be working through the rows the move
+        # copied (a loaded machine): those arrive first; nothing but this tenant's events
+        seen = await received(sub, e.id)
+        assert seen[-1] == e.id and set(seen[:-1]) <= want
 
 
 async def test_cli_export_import_prune_rm_use_the_tenant_database(pg_server_url, tmp_path):
