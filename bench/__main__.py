@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "scale": "read latency and ingest rate of the store at 10k, 100k and 1M events",
     "negentropy": "NIP-77: reconcile two relays' stores of 100,000 events differing by 1%",
     "replicas": "bench load on one PostgreSQL primary, then with a streaming read replica",
+    "pgindex": "PostgreSQL CPU per stored event with each index of `events` removed in turn",
 }
 
 USAGE = (

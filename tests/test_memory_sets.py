@@ -471,6 +471,8 @@ async def test_migrate_names_the_slugs_a_new_relay_does_not_keep(
                 await ws.send(msgspec.json.encode(["OK", msg[1]["id"], True, ""]).decode())
             elif msg[0] == "REQ":
                 await ws.send(msgspec.json.encode(["EOSE", msg[1]]).decode())
+            else:  # NEG-OPEN: no NIP-77 here, as a relay that lacks it says
+                await ws.send(msgspec.json.encode(["NOTICE", "unknown message"]).decode())
 
     async with fake_relay(forgetful) as url:
         result = await mem(keys, [source.url], "migrate", "--to", url)

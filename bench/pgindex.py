@@ -1,0 +1,162 @@
+"""`python -m bench pgindex`: PostgreSQL CPU per stored event, index by index.
+
+Ingests the same signed events (the `compare` kind-1 or engram scenario) through
+`PostgresStore.submit` (the relay's group-commit writer, fsync'd commits, 800 in flight)
+into a fresh database per run, once with the schema as shipped and once with each index
+of `events` removed or changed in turn. Variants are interleaved round by round, so a
+busy moment of the machine hits all of them alike. The figure is the CPU of every
+PostgreSQL process (backends, WAL writer, checkpointer, autovacuum) from the first
+submit until two seconds after the last commit, per event; "cost" is what the index
+adds (the shipped schema minus the variant without it).
+
+This is how the PostgreSQL share of CPU per EVENT in `compare` is explained: which
+index costs what, and what a change to it would save. Relay CPU is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+
+from bench.compare import machine, write_results
+from bench.events import Keyring, load_events
+from bench.load import Watch
+from engram.nip01 import Event
+from relay.config import Settings
+from relay.store.postgres import PostgresStore
+
+BEGIN, END = "<!-- pgindex:begin -->", "<!-- pgindex:end -->"
+IN_FLIGHT = 800
+SETTLE_SECONDS = 2.0
+
+# variant -> SQL run after the migrations (the shipped schema is "as shipped")
+VARIANTS: dict[str, list[str]] = {
+    "as shipped": [],
+    "without events_search": ["DROP INDEX events_search"],
+    "without events_tagvals": ["DROP INDEX events_tagvals"],
+    "without events_xid": ["DROP INDEX events_xid"],
+    "without events_time": ["DROP INDEX events_time"],
+    "without events_kind_time": ["DROP INDEX events_kind_time"],
+    "without events_author_time": ["DROP INDEX events_author_time"],
+    "without events_author_kind_time": ["DROP INDEX events_author_kind_time"],
+    "search index, fastupdate off": ["ALTER INDEX events_search SET (fastupdate = off)"],
+    "search index, 16 MB pending list": [
+        "ALTER INDEX events_search SET (gin_pending_list_limit = 16384)"
+    ],
+    "primary key and address only": [
+        f"DROP INDEX {name}"
+        for name in (
+            "events_search",
+            "events_tagvals",
+            "events_xid",
+            "events_time",
+            "events_kind_time",
+            "events_author_time",
+            "events_author_kind_time",
+        )
+    ],
+}
+
+
+async def ingest(pg_pid: int, dsn: str, sql: list[str], events: list[tuple[Event, bytes]]) -> float:
+    """PostgreSQL CPU seconds to store `events` into a fresh database changed by `sql`."""
+    store = await PostgresStore.open(dsn, Settings())
+    try:
+        async with store._pool.acquire() as conn:
+            for statement in sql:
+                await conn.execute(statement)
+            await conn.execute("CHECKPOINT")
+        gate = asyncio.Semaphore(IN_FLIGHT)
+
+        async def one(event: Event, raw: bytes) -> None:
+            async with gate:
+                result = await store.save(event, raw)
+            if result.status.value != "stored":
+                raise RuntimeError(f"not stored: {result}")
+
+        c0 = Watch.tree_cpu(pg_pid) or 0.0
+        await asyncio.gather(*(one(e, r) for e, r in events))
+        await asyncio.sleep(SETTLE_SECONDS)
+        return (Watch.tree_cpu(pg_pid) or 0.0) - c0
+    finally:
+        await store.close()
+
+
+def run(args: argparse.Namespace) -> str:
+    from bench.peers import Postgres
+
+    names = list(VARIANTS) if not args.variants else args.variants.split(",")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}")
+    if names[0] != "as shipped":
+        names.insert(0, "as shipped")
+    keys = Keyring(args.seed)
+    scenario = "kind1" if args.scenario == "kind1" else "engram"
+    raws = load_events(scenario, args.events, keys).raw
+    events = [(msgspec.json.decode(r, type=Event), r) for r in raws]
+    root = Path(tempfile.mkdtemp(prefix="engram-bench-pgindex-"))
+    pg = Postgres(root)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    started = dt.datetime.now(dt.UTC)
+    try:
+        for r in range(args.rounds):
+            for name in names:
+                dsn, drop = pg.create_database()
+                try:
+                    cpu = asyncio.run(ingest(pg.pid or 0, dsn, VARIANTS[name], events))
+                finally:
+                    drop()
+                samples[name].append(cpu / len(events) * 1e6)
+                print(f"round {r + 1} {name}: {samples[name][-1]:.1f} us/event", flush=True)
+    finally:
+        pg.close()
+        shutil.rmtree(root, ignore_errors=True)
+    base = statistics.median(samples["as shipped"])
+    lines = [
+        f"`python -m bench pgindex --scenario {args.scenario} --events {args.events}"
+        f" --rounds {args.rounds}`, {started:%Y-%m-%d %H:%M} UTC, {machine()}",
+        "",
+        "| schema | PostgreSQL us/event, median | per round | cost of the index |",
+        "|---|---|---|---|",
+    ]
+    for name in names:
+        med = statistics.median(samples[name])
+        rounds = " / ".join(f"{v:.1f}" for v in samples[name])
+        cost = "" if name == "as shipped" else f"{base - med:+.1f}"
+        lines.append(f"| {name} | {med:.1f} | {rounds} | {cost} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench pgindex",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--scenario", choices=("kind1", "engram"), default="kind1")
+    p.add_argument("--events", type=int, default=40_000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--variants", help="comma-separated subset (default: all)")
+    p.add_argument("--results", type=Path, help="write the table into this markdown file")
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    text = run(args)
+    print(f"\n{text}\n\n({time.perf_counter() - t0:.0f} s)")
+    if args.results:
+        write_results(
+            args.results,
+            text,
+            BEGIN.replace(":", f"-{args.scenario}:"),
+            END.replace(":", f"-{args.scenario}:"),
+        )
+    return 0
