@@ -117,6 +117,22 @@ def test_fragmented_utf8_split_inside_a_character():
         (frame(b"x" * 101), 1009),  # over max_size
         (frame(b"x" * 60, fin=False) + frame(b"x" * 60, OP_CONT), 1009),  # over, in fragments
     ],
+    # frames carry random masks: named ids keep a test's id the same in every run (so a
+    # failure can be re-run by its id, and pytest-xdist workers collect the same tests)
+    ids=[
+        "unmasked",
+        "rsv1",
+        "reserved-data-opcode",
+        "reserved-control-opcode",
+        "orphan-continuation",
+        "message-inside-fragmented",
+        "fragmented-control",
+        "long-control",
+        "invalid-utf8",
+        "invalid-utf8-across-fragments",
+        "over-max-size",
+        "over-max-size-in-fragments",
+    ],
 )
 def test_protocol_violations_name_their_close_code(data, code):
     r = ClientFrameReader(100)
@@ -268,6 +284,17 @@ async def test_binary_frames_and_many_messages_in_one_write(relay):
         (frame((1004).to_bytes(2, "big"), OP_CLOSE), 1002),
         (frame(b"", OP_CLOSE), 1005),  # no status: the echo carries none either
         (frame((4321).to_bytes(2, "big"), OP_CLOSE), 4321),  # echoed
+    ],
+    ids=[  # random masks: named ids, as above
+        "unmasked",
+        "rsv1",
+        "orphan-continuation",
+        "long-ping",
+        "invalid-utf8",
+        "close-invalid-utf8-reason",
+        "close-reserved-code",
+        "close-without-status",
+        "close-application-code",
     ],
 )
 async def test_bad_frames_and_close_codes(relay, data, code):
