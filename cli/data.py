@@ -355,6 +355,8 @@ async def _run_import(
             )
         relay = Relay(settings, store, tenants=registry)
         await import_lines(relay, tenant, read_chunks(fh), concurrency, summary, bar)
+        if summary.imported:  # fresh statistics now, not at autovacuum's next pass
+            await store.analyze(tenant.key)
         return tenant.key
     finally:
         await store.close()

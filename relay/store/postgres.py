@@ -34,7 +34,6 @@ _CONNECT_TIMEOUT = 10.0  # seconds to open a connection; a dead host must not ha
 _COMMAND_TIMEOUT = 60.0  # seconds per statement
 _ACQUIRE_TIMEOUT = 30.0  # seconds to wait for a pooled connection
 _BATCH_BYTES_MAX = 16 * 1024 * 1024  # raw bytes per batch, on top of write_batch_max
-_ANALYZE_EVERY = 50_000  # rows written between two ANALYZE events (see _note_written)
 
 STORED = SaveResult(SaveStatus.STORED)
 DUPLICATE = SaveResult(SaveStatus.DUPLICATE, "duplicate: already have this event")
@@ -108,10 +107,6 @@ class PostgresStore:
         self._query_timeout = settings.query_timeout_seconds
         self.node_id = uuid.uuid4().hex  # `origin` of the rows this process stores
         self.bus_held_back = False  # set by bus_read (relay.store.pgbus reports it)
-        self._written_since_analyze = 0
-        self._analyze_every = _ANALYZE_EVERY
-        self._analyzing = False
-        self._analyze_task: asyncio.Task[None] | None = None
         self._pending: collections.deque[_Pending] = collections.deque()
         self._wakeup = asyncio.Event()
         self._closing = False
@@ -160,8 +155,6 @@ class PostgresStore:
         self._wakeup.set()
         if self._writers:
             await asyncio.gather(*self._writers)
-        if self._analyze_task is not None:
-            self._analyze_task.cancel()
         if self.replicas is not None:
             await self.replicas.close()
         try:
@@ -226,37 +219,17 @@ class PostgresStore:
             for p, result in zip(batch, results, strict=True):
                 if not p.future.done():
                     p.future.set_result(result)
-            self._note_written(len(batch))
 
-    def _note_written(self, rows: int) -> None:
-        """Refresh planner statistics after a burst of writes into a young store, sooner
-        than autovacuum would (tag and search plans depend on them).
+    async def analyze(self) -> None:
+        """Planner statistics now, after a bulk load (`engram import`).
 
-        The interval grows with the table (a fifth of its rows, at least _ANALYZE_EVERY):
-        ANALYZE of a 1M-row store took 6 s on this machine, and a fixed 50,000-row
-        interval ran it every ten seconds of ingest, on the live path's CPU. The common
-        reads no longer depend on fresh statistics (plain equalities, the address probe).
+        The live path leaves statistics to autovacuum (after 10% of the rows changed, at
+        most once a minute): the relay's own ANALYZE every 50,000 rows cost 25-50 us of
+        PostgreSQL CPU per ingested event (to_tsvector over a 30,000-row sample each time,
+        bench/RESULTS.md "Statistics off the ingest path").
         """
-        self._written_since_analyze += rows
-        if self._written_since_analyze < self._analyze_every or self._analyzing:
-            return
-        self._written_since_analyze = 0
-        self._analyzing = True
-
-        async def analyze() -> None:
-            try:
-                async with self._pool.acquire(timeout=_ACQUIRE_TIMEOUT) as conn:
-                    await conn.execute("ANALYZE events")
-                    rows = await conn.fetchval(
-                        "SELECT reltuples::int8 FROM pg_class WHERE oid = 'events'::regclass"
-                    )
-                self._analyze_every = max(_ANALYZE_EVERY, int(rows or 0) // 5)
-            except Exception as exc:  # statistics are an optimisation, never an error
-                log.warning("ANALYZE failed: %s", _reason(exc))
-            finally:
-                self._analyzing = False
-
-        self._analyze_task = asyncio.create_task(analyze())
+        async with self._pool.acquire(timeout=_ACQUIRE_TIMEOUT) as conn:
+            await conn.execute("ANALYZE events")
 
     async def _write(self, batch: list[_Pending]) -> list[SaveResult]:
         """One transaction for the batch; on failure, each event on its own.

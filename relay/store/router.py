@@ -123,6 +123,10 @@ class StoreRouter:
     async def migrations_current(self) -> bool:
         return await self.control.migrations_current()
 
+    async def analyze(self, tenant: str) -> None:
+        """Planner statistics of the database that holds `tenant` (after a bulk load)."""
+        await (self.store_for(tenant) or self.control).analyze()
+
     async def purge_expired(self, now: int, batch: int = 5_000) -> int:
         total = 0
         for store in list(self._stores.values()):
