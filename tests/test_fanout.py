@@ -53,7 +53,23 @@ def test_unsubscribe_and_drop_connection_clean_the_index():
     assert fan.count_for(a) == 2
     assert fan.unsubscribe(a, "s")
     fan.drop_connection(a)
-    assert len(fan) == 0 and not fan._index and not fan._by_conn
+    assert len(fan) == 0 and not fan._index and not fan._by_conn and not fan._classes
+
+
+def test_equal_filters_share_a_verdict_but_not_a_gate():
+    """Subscriptions with equal filters are matched once per event; the engram gate is
+    still per connection."""
+    fan = FanOut()
+    owner, agent = ev(SK[1]).pubkey, ev(SK[0]).pubkey
+    e = ev(SK[0], kind=30174, tags=[("d", "ab" * 32), ("p", owner)])
+    conns = [Conn(owner), Conn(None), Conn(agent), Conn(ev(SK[2]).pubkey)]
+    for c in conns:
+        fan.subscribe(c, "same", [f({"kinds": [30174], "authors": [agent]})])
+    fan.subscribe(conns[0], "other", [f({"authors": [agent], "kinds": [30174]})])
+    fan.subscribe(conns[1], "miss", [f({"kinds": [30174], "since": 101})])
+    assert fan.publish(e, encode_event(e)) == 3
+    assert [len(c.frames) for c in conns] == [2, 0, 1, 0]
+    assert len(fan._classes) == 2  # key order in the filter does not matter
 
 
 def test_engrams_reach_only_author_and_owner():
