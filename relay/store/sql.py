@@ -76,7 +76,6 @@ def _waking(insert: str) -> str:
 
 
 # Regular events: an existing (tenant, id) means DUPLICATE; RETURNING names the new rows.
-# Regular events: an existing (tenant, id) means DUPLICATE; RETURNING names the new rows.
 INSERT_REGULAR = _waking(
     f"INSERT INTO events ({_COLUMNS}) {_UNNEST}{_NOT_DELETED_ID}{_IN_ORDER}"
     " ON CONFLICT (tenant, id) DO NOTHING"
