@@ -345,7 +345,9 @@ class Relay:
         for raw in rows:
             if not fanout.is_current(sub):  # closed meanwhile (CLOSE, or live overflow)
                 return
-            await session.send_wait(wire.event_frame(sub.prefix, raw))
+            frame = wire.event_frame(sub.prefix, raw)
+            if not session.offer(frame):
+                await session.send_wait(frame)
         if not fanout.is_current(sub):
             return
         metrics.req_done(tenant.key, started)

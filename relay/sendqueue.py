@@ -101,11 +101,18 @@ class OutputQueue:
             self._ready.clear()
             await self._ready.wait()
 
+    def has_room(self, size: int) -> bool:
+        """Whether bulk output of `size` bytes may be queued now (see `wait_room`)."""
+        return (
+            self.dropped is not None
+            or not self.frames
+            or self.queued_bytes + size <= min(BACKPRESSURE_BYTES, self.max_bytes)
+        )
+
     async def wait_room(self, size: int) -> None:
         """Backpressure for bulk output (stored results): wait while the queue holds more
         than `BACKPRESSURE_BYTES`, far below the cap, so a bulk read never trips it."""
-        limit = min(BACKPRESSURE_BYTES, self.max_bytes)
-        while self.dropped is None and self.frames and self.queued_bytes + size > limit:
+        while not self.has_room(size):
             self._room.clear()
             await self._room.wait()
 

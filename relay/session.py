@@ -1,7 +1,8 @@
 """Per-connection state: identity (NIP-42), the AUTH challenge, and the way out.
 
 Transport-agnostic: the transport passes in `send` (non-blocking, enqueue or drop the
-connection) and `send_wait` (await room in the connection's bounded queue).
+connection), `send_wait` (await room in the connection's bounded queue) and `offer`
+(send_wait's synchronous fast path: False when it would have to wait).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from relay.tenants import Tenant
 
 class Session:
     __slots__ = (
+        "_offer",
         "_send",
         "_send_wait",
         "admitted",
@@ -37,6 +39,7 @@ class Session:
         host: str,
         send: Callable[[bytes], None],
         send_wait: Callable[[bytes], Awaitable[None]],
+        offer: Callable[[bytes], bool],
         tenant: Tenant,
         ip: str = "",
         allowance: ConnectionAllowance | None = None,
@@ -55,6 +58,7 @@ class Session:
         self.negentropy: dict[str, Any] | None = None  # NIP-77 sessions (relay.negentropy)
         self._send = send
         self._send_wait = send_wait
+        self._offer = offer
 
     def event_started(self) -> None:
         self.in_flight += 1
@@ -68,6 +72,10 @@ class Session:
         """Non-blocking: replies and live events; a full queue disconnects the reader."""
         if not self.closed:
             self._send(frame)
+
+    def offer(self, frame: bytes) -> bool:
+        """Bulk output without awaiting, when there is room; False: await `send_wait`."""
+        return self.closed or self._offer(frame)
 
     async def send_wait(self, frame: bytes) -> None:
         """Waits for queue room: bulk stored results must not look like a slow reader."""

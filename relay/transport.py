@@ -58,11 +58,19 @@ class Connection(OutputQueue):
         if self.dropped is None and not self._send_direct(frame):
             self.push(frame)
 
-    async def send_wait(self, frame: bytes) -> None:
-        """Queue a frame, waiting for room: stored REQ results use backpressure, not drops."""
-        await self.wait_room(self.cost(frame))
+    def offer(self, frame: bytes) -> bool:
+        """Send or queue a frame if the queue has room for bulk output now; False: the
+        caller awaits `send_wait` (a REQ's stored results skip two awaits per event)."""
+        if not self.has_room(self.cost(frame)):
+            return False
         if self.dropped is None and not self._send_direct(frame):
             self.push(frame)
+        return True
+
+    async def send_wait(self, frame: bytes) -> None:
+        """Queue a frame, waiting for room: stored REQ results use backpressure, not drops."""
+        while not self.offer(frame):
+            await self.wait_room(self.cost(frame))
 
     async def writer(self) -> None:
         """Drain the queue to the socket (each frame sent is progress for stall detection)."""
@@ -120,6 +128,7 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
         ws.headers.get("host", ""),
         conn.send,
         conn.send_wait,
+        conn.offer,
         tenant,
         ip,
         allowance,
