@@ -110,7 +110,7 @@ class RelayClient:
         self._sub_counter = 0
         self._oks: dict[str, tuple[bool, str]] = {}
 
-    async def _recv(self) -> list[Any]:
+    async def recv(self) -> list[Any]:
         """Next frame as a JSON array; an AUTH challenge is remembered wherever it appears."""
         while True:
             try:
@@ -127,7 +127,9 @@ class RelayClient:
                 self._challenge = msg[1]
             return msg
 
-    async def _send(self, msg: list[Any]) -> None:
+    async def send(self, msg: list[Any]) -> None:
+        """One frame (a JSON array): what the request methods, and `engram sync`'s NIP-77
+        exchange, are made of."""
         try:
             await self._ws.send(msgspec.json.encode(msg).decode())
         except websockets.ConnectionClosed as exc:
@@ -146,11 +148,11 @@ class RelayClient:
             raise AuthError("the relay asks for authentication and no key is held")
         self._seckey = seckey
         while self._challenge is None:  # relays send it on connect (NIP-42)
-            await self._recv()
+            await self.recv()
         challenge = self._challenge
         tags = [["relay", self.url], ["challenge", challenge]]
         event = sign_event(seckey, int(time.time()), KIND_AUTH, tags, "", os.urandom(32))
-        await self._send(["AUTH", event])
+        await self.send(["AUTH", event])
         accepted, message = await self._wait_ok(event.id)
         if not accepted:
             raise AuthError(f"relay refused AUTH: {message or 'no reason given'}")
@@ -158,7 +160,7 @@ class RelayClient:
 
     async def _wait_ok(self, event_id: str) -> tuple[bool, str]:
         while event_id not in self._oks:
-            msg = await self._recv()
+            msg = await self.recv()
             if msg[0] == "OK" and len(msg) >= 3 and isinstance(msg[1], str):
                 self._oks[msg[1]] = (bool(msg[2]), str(msg[3]) if len(msg) > 3 else "")
         return self._oks.pop(event_id)
@@ -166,13 +168,13 @@ class RelayClient:
     async def _query_once(self, nostr_filter: dict[str, Any]) -> tuple[list[Event], str | None]:
         self._sub_counter += 1
         sub_id = f"engram-{self._sub_counter}"
-        await self._send(["REQ", sub_id, nostr_filter])
+        await self.send(["REQ", sub_id, nostr_filter])
         events: list[Event] = []
         while True:
-            msg = await self._recv()
+            msg = await self.recv()
             if msg[0] == "AUTH" and self._should_auth():
                 # Challenged mid-request: this answer would be the unauthenticated one.
-                await self._send(["CLOSE", sub_id])
+                await self.send(["CLOSE", sub_id])
                 return events, None
             if len(msg) < 2 or msg[1] != sub_id:
                 if msg[0] == "OK" and len(msg) >= 3 and isinstance(msg[1], str):
@@ -184,7 +186,7 @@ class RelayClient:
                 except msgspec.ValidationError:
                     continue
             elif msg[0] == "EOSE":
-                await self._send(["CLOSE", sub_id])
+                await self.send(["CLOSE", sub_id])
                 return events, None
             elif msg[0] == "CLOSED":
                 return events, str(msg[2]) if len(msg) > 2 else ""
@@ -243,7 +245,7 @@ class RelayClient:
         results: dict[str, tuple[bool, str]] = {}
         pending: list[str] = []
         for event in events:
-            await self._send(["EVENT", event])
+            await self.send(["EVENT", event])
             pending.append(event.id)
             if len(pending) >= window:
                 oldest = pending.pop(0)

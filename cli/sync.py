@@ -158,7 +158,7 @@ class Peer:
         while True:
             sub = self._next_sub("neg")
             self._neg_sub = sub
-            await self.client._send(["NEG-OPEN", sub, flt, message.hex()])
+            await self.client.send(["NEG-OPEN", sub, flt, message.hex()])
             try:
                 return await self._neg_answer(sub, timeout, first=True)
             except _AuthRetry:
@@ -166,19 +166,19 @@ class Peer:
 
     async def neg_msg(self, message: bytes) -> bytes:
         assert self._neg_sub is not None
-        await self.client._send(["NEG-MSG", self._neg_sub, message.hex()])
+        await self.client.send(["NEG-MSG", self._neg_sub, message.hex()])
         return await self._neg_answer(self._neg_sub, ROUND_TIMEOUT, first=False)
 
     async def neg_close(self) -> None:
         if self._neg_sub is not None:
             sub, self._neg_sub = self._neg_sub, None
-            await self.client._send(["NEG-CLOSE", sub])
+            await self.client.send(["NEG-CLOSE", sub])
 
     async def _neg_answer(self, sub: str, timeout: float, first: bool) -> bytes:
         try:
             async with asyncio.timeout(timeout):
                 while True:
-                    msg = await self.client._recv()
+                    msg = await self.client.recv()
                     verb = msg[0]
                     if verb == "NOTICE" and first:
                         self._neg_sub = None
@@ -266,10 +266,10 @@ class Peer:
             window = events[k : k + PUBLISH_WINDOW]
             want = {e.id for e in window}
             for e in window:
-                await self.client._send(["EVENT", e])
+                await self.client.send(["EVENT", e])
             async with asyncio.timeout(ROUND_TIMEOUT):
                 while want:
-                    msg = await self.client._recv()
+                    msg = await self.client.recv()
                     if msg[0] == "OK" and len(msg) >= 3 and msg[1] in want:
                         want.discard(msg[1])
                         results[msg[1]] = (bool(msg[2]), str(msg[3]) if len(msg) > 3 else "")

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,14 +170,19 @@ async def barrier_proxy(upstream: str, writers: int) -> AsyncIterator[str]:
                         await oks_in.wait()
                     await client.send(raw)
 
-            tasks = [asyncio.ensure_future(up()), asyncio.ensure_future(down())]
-            with contextlib.suppress(websockets.ConnectionClosed):
-                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in tasks:
-                task.cancel()
+            await both_ways(up(), down())
 
     async with fake_relay(handler) as url:
         yield url
+
+
+async def both_ways(up: Coroutine[Any, Any, None], down: Coroutine[Any, Any, None]) -> None:
+    """A proxy's two directions, until either ends (a side closed): the other is cancelled."""
+    tasks = [asyncio.ensure_future(up), asyncio.ensure_future(down)]
+    with contextlib.suppress(websockets.ConnectionClosed):
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in tasks:
+        task.cancel()
 
 
 def shared_relay(pg_server_url: str, tmp_dir: str, env: dict[str, str] | None = None) -> Any:

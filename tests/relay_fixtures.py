@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -16,6 +17,21 @@ from dataclasses import dataclass, field
 import pytest
 
 from relay.store.embedded import ensure_database, with_database
+
+
+async def until(check: Callable[[], object], what: str, timeout: float = 120.0) -> None:
+    """Poll `check` (sync or async) until it is truthy; AssertionError naming `what` after
+    `timeout` seconds (generous: every condition must hold on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.1)
 
 
 def free_port() -> int:

@@ -18,9 +18,17 @@ from typing import Any
 
 import asyncpg
 import msgspec
-import websockets
 from ae_vectors import AE, SECKEY_A, SECKEY_O, ae_events
-from cli_support import Keys, clean_env, corrupt_core, engram, engram_async, fake_relay, publish
+from cli_support import (
+    Keys,
+    both_ways,
+    clean_env,
+    corrupt_core,
+    engram,
+    engram_async,
+    fake_relay,
+    publish,
+)
 from relay_fixtures import RelayProcess
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection
@@ -128,11 +136,7 @@ async def stop_on_write(target: RelayProcess) -> AsyncIterator[str]:
                 async for raw in upstream:
                     await client.send(raw)
 
-            tasks = [asyncio.ensure_future(up()), asyncio.ensure_future(down())]
-            with contextlib.suppress(websockets.ConnectionClosed):
-                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in tasks:
-                task.cancel()
+            await both_ways(up(), down())
 
     async with fake_relay(handler) as url:
         yield url

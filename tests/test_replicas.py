@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import pytest
 from nostr_client import Client
+from relay_fixtures import until
 
 from bench.pgcluster import Cluster
 from engram.nip01 import pubkey_of, sign_event
@@ -69,19 +70,6 @@ async def _exists(url: str, name: str) -> bool:
         return bool(await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name))
     finally:
         await conn.close()
-
-
-async def until(check, what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        await asyncio.sleep(0.1)
 
 
 def replica_state(rp) -> str:

@@ -18,7 +18,7 @@ import time
 import asyncpg
 import pytest
 from nostr_client import Client
-from relay_fixtures import create_database
+from relay_fixtures import create_database, until
 
 from engram.nip01 import pubkey_of, sign_event
 
@@ -57,19 +57,6 @@ def serves(port: int, host: str) -> bool:
     resp = conn.getresponse()
     body = resp.read().decode()
     return resp.status == 200 and json.loads(body).get("name") == host
-
-
-async def until(check, what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        await asyncio.sleep(0.1)
 
 
 async def received(c: Client, event_id: str, timeout: float = WAIT) -> list[str]:
