@@ -19,7 +19,7 @@ from engram.nip01 import Event
 from relay import metrics
 from relay.filters import Filter, matches_any
 from relay.policy import may_see
-from relay.wire import Reason, closed, sub_prefix
+from relay.wire import Reason, closed, event_frame, sub_prefix
 
 IndexKey = tuple[Hashable, ...]
 _ALL: IndexKey = ("*",)
@@ -192,7 +192,7 @@ class FanOut:
             if verdict:
                 frame = frames.get(sub.prefix)
                 if frame is None:
-                    frame = frames[sub.prefix] = sub.prefix + raw + b"]"
+                    frame = frames[sub.prefix] = event_frame(sub.prefix, raw)
                 if sub.pending is None:
                     sub.conn.send(frame)
                 elif len(sub.pending) < PENDING_MAX and sub.pending_bytes < PENDING_BYTES_MAX:

@@ -125,7 +125,9 @@ class StoreRouter:
 
     async def analyze(self, tenant: str) -> None:
         """Planner statistics of the database that holds `tenant` (after a bulk load)."""
-        await (self.store_for(tenant) or self.control).analyze()
+        store = self.store_for(tenant)
+        if store is not None:  # unplaced: nothing of it was stored here
+            await store.analyze()
 
     async def purge_expired(self, now: int, batch: int = 5_000) -> int:
         total = 0
