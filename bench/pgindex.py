@@ -44,21 +44,21 @@ SETTLE_SECONDS = 2.0
 # variant -> SQL run after the migrations (the shipped schema is "as shipped")
 VARIANTS: dict[str, list[str]] = {
     "as shipped": [],
-    "without events_search": ["DROP INDEX events_search"],
+    "without events_words": ["DROP INDEX events_words"],
     "without events_tagvals": ["DROP INDEX events_tagvals"],
     "without events_xid": ["DROP INDEX events_xid"],
     "without events_time": ["DROP INDEX events_time"],
     "without events_kind_time": ["DROP INDEX events_kind_time"],
     "without events_author_time": ["DROP INDEX events_author_time"],
     "without events_author_kind_time": ["DROP INDEX events_author_kind_time"],
-    "search index, fastupdate off": ["ALTER INDEX events_search SET (fastupdate = off)"],
+    "search index, fastupdate off": ["ALTER INDEX events_words SET (fastupdate = off)"],
     "search index, 16 MB pending list": [
-        "ALTER INDEX events_search SET (gin_pending_list_limit = 16384)"
+        "ALTER INDEX events_words SET (gin_pending_list_limit = 16384)"
     ],
     "primary key and address only": [
         f"DROP INDEX {name}"
         for name in (
-            "events_search",
+            "events_words",
             "events_tagvals",
             "events_xid",
             "events_time",

@@ -28,6 +28,7 @@ from relay.filters import Filter, matches
 from relay.store import DEFAULT_TENANT, SaveStatus, StoreError
 from relay.store.migrate import apply_migrations, migration_files, migration_status
 from relay.store.postgres import PostgresStore
+from relay.store.sql import build_query
 
 SK = [bytes([i + 1]) * 32 for i in range(4)]
 PK = [pubkey_of(k) for k in SK]
@@ -539,6 +540,38 @@ async def test_awkward_tag_values(
     stored = await conn.fetchval("SELECT tagvals FROM events")
     await conn.close()
     assert stored == ["t:" + v for v in values]
+
+
+async def test_search_reads_stored_words(
+    store: PostgresStore, database_url: str, make_event: MakeEvent
+) -> None:
+    """NIP-50 tests a row by the words stored at insert (migration 0012); a row stored
+    before 0012 has none, is parsed when tested, and is found all the same."""
+    new = make_event(SK[0], content="Stored words: Lighthouse keeper", created_at=1_000)
+    old = make_event(SK[1], content="an older LIGHTHOUSE note", created_at=900)
+    memo = make_event(SK[2], kind=KIND_ENGRAM, tags=[["d", "x"], ["p", pubkey_of(SK[2])]])
+    for ev in (new, old, memo):
+        assert await put(store, ev) is STORED
+    conn = await asyncpg.connect(database_url)
+    try:
+        words = dict(await conn.fetch("SELECT id, words::text FROM events"))
+        assert words[bytes.fromhex(new.id)] == "'keeper':4 'lighthouse':3 'stored':1 'words':2"
+        assert words[bytes.fromhex(memo.id)] == ""  # engram content is never searchable
+        await conn.execute("UPDATE events SET words = NULL WHERE id = $1", bytes.fromhex(old.id))
+        # The query tests the very expression the index holds (as PostgreSQL prints both),
+        # or the planner could never take the index.
+        index = await conn.fetchval("SELECT pg_get_indexdef('events_words'::regclass)")
+        expression = index.partition(" USING gin (")[2].rpartition(") WHERE ")[0]
+        built = build_query([Filter(search="lighthouse", limit=10)], DEFAULT_TENANT)
+        assert built is not None and expression.startswith("COALESCE(words, to_tsvector(")
+        plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + built[0], *built[1]))
+        assert f"{expression} @@ " in plan, (index, plan)
+    finally:
+        await conn.close()
+    assert await q(store, Filter(search="lighthouse", limit=10)) == [new.id, old.id]
+    assert await q(store, Filter(search="older", limit=10)) == [old.id]
+    assert await q(store, Filter(search="keeper", limit=10)) == [new.id]
+    assert await q(store, Filter(search="absent", limit=10)) == []
 
 
 # --- migrations -----------------------------------------------------------------------

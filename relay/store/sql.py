@@ -30,12 +30,18 @@ _INT8 = 2**63
 SELECT_COLUMNS = "raw, created_at, id"
 _ORDER = "ORDER BY created_at DESC, id"
 
+# NIP-50: the words of a row's searchable content. `words` holds them for every row stored
+# since migration 0012 (the parse is done once, at insert); older rows are parsed when
+# tested. The partial index events_words is built on this very expression.
+SEARCH_WORDS = "coalesce(words, to_tsvector('simple', content))"
+
 _COLUMNS = (
-    "tenant, id, pubkey, created_at, kind, d, owner, tagvals, content, sig, raw, expires_at, origin"
+    "tenant, id, pubkey, created_at, kind, d, owner, tagvals, content, sig, raw, expires_at,"
+    " origin, words"
 )
 _UNNEST = (
     "SELECT t.tenant, t.id, t.pubkey, t.created_at, t.kind, t.d, t.owner, t.tagvals::text[],"
-    " t.content, t.sig, t.raw, t.expires_at, $13::text"
+    " t.content, t.sig, t.raw, t.expires_at, $13::text, to_tsvector('simple', t.content)"
     " FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::int8[], $5::int4[], $6::text[],"
     " $7::bytea[], $8::text[], $9::text[], $10::bytea[], $11::bytea[], $12::int8[])"
     " WITH ORDINALITY AS t(tenant, id, pubkey, created_at, kind, d, owner, tagvals, content,"
@@ -91,6 +97,7 @@ INSERT_REPLACEABLE = _waking(
     " id = excluded.id, created_at = excluded.created_at, owner = excluded.owner,"
     " tagvals = excluded.tagvals, content = excluded.content, sig = excluded.sig,"
     " raw = excluded.raw, expires_at = excluded.expires_at, origin = excluded.origin,"
+    " words = excluded.words,"
     " xid = pg_current_xact_id()"
     " WHERE excluded.created_at > events.created_at"
     " OR (excluded.created_at = events.created_at AND excluded.id < events.id)"
@@ -388,9 +395,9 @@ def _conditions(f: Filter, p: _Params, author_ref: str | None = None) -> list[st
     if f.until is not None:
         conds.append(f"created_at <= {p.add(f.until)}::int8")
     if f.search is not None:
-        # NIP-50; the expression and predicate match the partial index events_search
+        # NIP-50; the expression and predicate match the partial index events_words
         conds.append(
-            f"kind <> {KIND_ENGRAM} AND to_tsvector('simple', content)"
+            f"kind <> {KIND_ENGRAM} AND {SEARCH_WORDS}"
             f" @@ websearch_to_tsquery('simple', {p.add(f.search)}::text)"
         )
     if p.now is not None:  # NIP-40: expired events are never served
