@@ -45,10 +45,11 @@ _TEMP = (
     " created_at int8, kind int4, d text, owner bytea, tagvals text, content text,"
     " sig bytea, raw bytea, expires_at int8, ord bigserial); TRUNCATE events_in"
 )
-# Stands in for the store's unnest() source, with the same columns (origin, ord) it has.
+# Stands in for the store's unnest() source, with the same columns (origin, words, ord).
 _FROM_TEMP = (
     "SELECT t.tenant, t.id, t.pubkey, t.created_at, t.kind, t.d, t.owner, t.tagvals::text[],"
-    " t.content, t.sig, t.raw, t.expires_at, $1::text FROM events_in t"
+    " t.content, t.sig, t.raw, t.expires_at, $1::text, to_tsvector('simple', t.content)"
+    " FROM events_in t"
 )
 _SINGLE = (
     f"INSERT INTO events ({_COPY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7,"
