@@ -82,8 +82,9 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     write_batch_max: int = 500  # events per group-commit transaction
     write_concurrency: int = 3  # group-commit transactions in flight at once
     # NIP-50: kinds whose content is copied into the full-text index (None: every kind
-    # but engrams, whose content is ciphertext). Indexing costs PostgreSQL ~25 us of CPU
-    # per event (to_tsvector and the GIN entries); other kinds store an empty copy.
+    # but engrams, whose content is ciphertext). Indexing costs PostgreSQL ~40 us of CPU
+    # per kind-1 note (to_tsvector, stored in `words`, and the GIN entries; `bench
+    # pgindex`); other kinds store an empty copy.
     search_kinds: list[int] | None = None
     verify_threads: int = 1  # BIP-340 checks in this many threads beside the loop (0: inline)
     # RFC 7692 compression, offered to clients that ask. Off: Nostr frames are small JSON,

@@ -3,6 +3,7 @@ first start, and the operator's to change afterwards."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -64,6 +65,14 @@ async def test_a_new_cluster_runs_with_them() -> None:
             await conn.close()
         assert {r["name"] for r in applied} == set(expected)
         assert buffers
+        # A cluster without the file (made before it existed) gets it at a start that may
+        # restart the server: not while another process holds it too.
+        (tmp / "pgdata" / TUNING_FILE).unlink()
+        holders = server.global_process_id_list
+        holders.put([*holders.get(), 1])  # pid 1 stands for that other process
+        assert start_server(tmp / "pgdata", cleanup_mode="delete") is server
+        assert not (tmp / "pgdata" / TUNING_FILE).exists()
+        holders.put([os.getpid()])
     finally:
         server.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)

