@@ -194,8 +194,13 @@ def wait_ready(run: Running, port: int, check: Callable[[int], bool]) -> Running
 # --- embedded PostgreSQL shared by ours and nostr-relay's Postgres option ---------------
 
 
+# The embedded server's own settings (relay.store.embedded.tuning), shown in reports.
+_SETTINGS_SHOWN = ("shared_buffers", "max_wal_size")
+
+
 class Postgres:
-    """One embedded PostgreSQL server (default settings: fsync and synchronous_commit on)."""
+    """One embedded PostgreSQL server, as `engram serve` runs it (fsync and
+    synchronous_commit on, the relay's settings file)."""
 
     def __init__(self, root: Path, cleanup_mode: str | None = "delete") -> None:
         from relay.store.embedded import start_server
@@ -219,12 +224,15 @@ class Postgres:
         async def show() -> str:
             conn = await asyncpg.connect(self.uri)
             try:
-                v = await conn.fetchval("SHOW server_version")
-                f = await conn.fetchval("SHOW fsync")
-                s = await conn.fetchval("SHOW synchronous_commit")
+                shown = [
+                    await conn.fetchval(f"SHOW {name}")
+                    for name in ("server_version", "fsync", "synchronous_commit", *_SETTINGS_SHOWN)
+                ]
             finally:
                 await conn.close()
-            return f"PostgreSQL {v} (fsync={f}, synchronous_commit={s})"
+            v, f, s, *rest = shown
+            extra = "".join(f", {n}={x}" for n, x in zip(_SETTINGS_SHOWN, rest, strict=True))
+            return f"PostgreSQL {v} (fsync={f}, synchronous_commit={s}{extra})"
 
         return asyncio.run(show())
 
