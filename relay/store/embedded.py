@@ -86,7 +86,8 @@ def tuning(memory: int) -> str:
     machine): an eighth of RAM as shared buffers (128 MB to 1 GB), and checkpoints
     spread out. With 128 MB, a store of a few GB evicts the author indexes' leaf pages
     between inserts; a checkpoint every GB of WAL makes the next write of each page log
-    the whole page again. Measured in bench/RESULTS.md ("Embedded PostgreSQL settings")."""
+    the whole page again. Measured in bench/RESULTS.md ("Search words stored, embedded
+    settings")."""
     mb = max(128, min(1024, memory // 8 // 2**20))
     return (
         "# Written by engram-relay when it created this cluster; edit and restart to change.\n"
