@@ -28,7 +28,7 @@ from relay.filters import Filter, matches
 from relay.store import DEFAULT_TENANT, SaveStatus, StoreError
 from relay.store.migrate import apply_migrations, migration_files, migration_status
 from relay.store.postgres import PostgresStore
-from relay.store.sql import build_query
+from relay.store.sql import build_query, encode_row
 
 SK = [bytes([i + 1]) * 32 for i in range(4)]
 PK = [pubkey_of(k) for k in SK]
@@ -572,6 +572,52 @@ async def test_search_reads_stored_words(
     assert await q(store, Filter(search="older", limit=10)) == [old.id]
     assert await q(store, Filter(search="keeper", limit=10)) == [new.id]
     assert await q(store, Filter(search="absent", limit=10)) == []
+
+
+async def test_upgrade_to_stored_words_keeps_old_rows(
+    database_url: str, make_event: MakeEvent
+) -> None:
+    """A store written before migration 0012 (no `words` column) upgrades in place: its
+    rows are served byte for byte and found by search, and new rows get their words."""
+    old = make_event(SK[0], content="written before the upgrade: lighthouse", created_at=900)
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "CREATE TABLE schema_migrations (version text PRIMARY KEY,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for version, sql in migration_files():
+            if version >= "0012":
+                break
+            async with conn.transaction():
+                await conn.execute(sql)
+                await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", version)
+        await conn.execute(  # what the relay's insert wrote then
+            "INSERT INTO events (tenant, id, pubkey, created_at, kind, d, owner, tagvals,"
+            " content, sig, raw, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7,"
+            " $8::text::text[], $9, $10, $11, $12)",
+            DEFAULT_TENANT,
+            *encode_row(old, raw(old)),
+        )
+    finally:
+        await conn.close()
+    store = await PostgresStore.open(database_url, Settings())  # applies 0012
+    try:
+        new = make_event(SK[1], content="written after: lighthouse keeper", created_at=1_000)
+        assert await put(store, new) is STORED
+        assert await q(store, Filter(search="lighthouse", limit=10)) == [new.id, old.id]
+        assert await q(store, Filter(search="upgrade", limit=10)) == [old.id]
+        assert await store.query([Filter(ids=[old.id], limit=1)]) == [raw(old)]
+    finally:
+        await store.close()
+    conn = await asyncpg.connect(database_url)
+    try:
+        words = dict(await conn.fetch("SELECT id, words IS NOT NULL FROM events"))
+        indexes = {r[0] for r in await conn.fetch("SELECT indexname FROM pg_indexes")}
+    finally:
+        await conn.close()
+    assert words == {bytes.fromhex(old.id): False, bytes.fromhex(new.id): True}
+    assert "events_words" in indexes and "events_search" not in indexes
 
 
 # --- migrations -----------------------------------------------------------------------
