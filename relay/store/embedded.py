@@ -90,7 +90,7 @@ def tuning(memory: int) -> str:
     settings")."""
     mb = max(128, min(1024, memory // 8 // 2**20))
     return (
-        "# Written by engram-relay when it created this cluster; edit and restart to change.\n"
+        "# Written by engram-relay (relay.store.embedded.tuning); edit and restart to change.\n"
         f"shared_buffers = {mb}MB\n"
         "max_wal_size = 4GB\n"
         "checkpoint_timeout = 15min\n"
