@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Hashable
-from typing import Any, Protocol
+from typing import Protocol
 
 from engram.nip01 import Event
 from relay import metrics
-from relay.filters import Filter, matches_any
+from relay.filters import Filter, match_key, matches_any
 from relay.policy import may_see
 from relay.wire import Reason, closed, event_frame, sub_prefix
 
@@ -58,7 +58,7 @@ class Subscription:
         self.filters = filters
         self.prefix = sub_prefix(sub_id)
         self.keys = [key for f in filters for key in _index_keys(f)]
-        self.match_key = tuple(map(_match_key, filters))
+        self.match_key = tuple(map(match_key, filters))
         self.match_class = 0  # set by FanOut.subscribe: equal match_key, equal class
         self.pending: list[tuple[str, bytes]] | None = [] if pending else None
         self.pending_bytes = 0
@@ -75,17 +75,6 @@ def _index_keys(f: Filter) -> list[IndexKey]:
     if f.kinds is not None:
         return [("k", k) for k in f.kinds]
     return [_ALL]
-
-
-def _match_key(f: Filter) -> Hashable:
-    """Everything `matches` reads of a filter (not `limit`), hashable: equal keys, equal
-    verdicts for any event."""
-
-    def tup(values: list[Any] | None) -> tuple[Any, ...] | None:
-        return None if values is None else tuple(values)
-
-    tags = tuple(sorted((letter, tuple(values)) for letter, values in f.tags.items()))
-    return (tup(f.ids), tup(f.authors), tup(f.kinds), tags, f.since, f.until, f.search)
 
 
 def _event_keys(event: Event) -> list[IndexKey]:

@@ -138,3 +138,14 @@ def matches(f: Filter, event: Event) -> bool:
 
 def matches_any(filters: list[Filter], event: Event) -> bool:
     return any(matches(f, event) for f in filters)
+
+
+def _frozen(values: list[Any] | None) -> tuple[Any, ...] | None:
+    return None if values is None else tuple(values)
+
+
+def match_key(f: Filter) -> tuple[Any, ...]:
+    """Everything `matches` reads of a filter (not `limit`), hashable: filters with equal
+    keys give equal verdicts for any event. Kept beside `matches`, which it mirrors."""
+    tags = tuple(sorted((letter, tuple(values)) for letter, values in f.tags.items()))
+    return (_frozen(f.ids), _frozen(f.authors), _frozen(f.kinds), tags, f.since, f.until, f.search)

@@ -63,8 +63,7 @@ class Connection(OutputQueue):
         caller awaits `send_wait` (a REQ's stored results skip two awaits per event)."""
         if not self.has_room(self.cost(frame)):
             return False
-        if self.dropped is None and not self._send_direct(frame):
-            self.push(frame)
+        self.send(frame)
         return True
 
     async def send_wait(self, frame: bytes) -> None:
