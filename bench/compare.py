@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bench import charts, load
 from bench.events import Keyring, load_events
-from bench.load import FIGURES, HIGHER_IS_BETTER, PhaseResult, Profile, fmt, phase_title
+from bench.load import CLIENTS, FIGURES, HIGHER_IS_BETTER, PhaseResult, Profile, fmt, phase_title
 from bench.peers import RELAYS, PeerError, Postgres, RelaySpec
 
 BEGIN, END = "<!-- compare:begin -->", "<!-- compare:end -->"
@@ -50,6 +50,7 @@ class RelayRuns:
     problem: str = ""  # why it did not run (install or start failure)
     rounds: list[list[PhaseResult]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    loads: list[float] = field(default_factory=list)  # 1-minute load average before each run
 
     @property
     def label(self) -> str:
@@ -151,6 +152,8 @@ def run_compare(
 def _one(
     run: RelayRuns, workdir: Path, pg: Postgres | None, profile: Profile, say: Callable[[str], None]
 ) -> None:
+    run.loads.append(os.getloadavg()[0])
+    say(f"  load average before the run: {run.loads[-1]:.2f}")
     try:
         relay = run.spec.start(workdir, pg)
     except PeerError as exc:
@@ -207,7 +210,9 @@ def report(runs: list[RelayRuns], profile: Profile, rounds: int) -> str:
     for r in runs:
         status = r.problem or f"{len(r.rounds)} of {rounds} rounds ran"
         extra = "".join(f"; {' '.join(f.split())[:300]}" for f in r.failures)
-        lines.append(f"- {r.label}, store: {r.spec.store}: {status}{extra}")
+        loads = " / ".join(f"{x:.2f}" for x in r.loads)
+        load_note = f"; load average before each round: {loads}" if loads else ""
+        lines.append(f"- {r.label}, store: {r.spec.store}: {status}{load_note}{extra}")
     ours = next((r for r in ok if r.key == "ours"), None)
     peers = [r for r in ok if r.key != "ours"]
     for phase in profile.phase_names():
@@ -257,9 +262,18 @@ def header(argv: list[str], profile: Profile, rounds: int, pg_settings: str) -> 
             f" REQ + {profile.heads} head fetches, {profile.req_connections} connections x"
             f" {profile.req_window} in flight; fan-out to {subs} subscribers at"
             f" {profile.fanout_rate:g} events/s for {profile.fanout_seconds:g} s;"
-            f" {rounds} rounds, medians; load generator: {profile.client} client",
+            f" {rounds} rounds, medians; load generator: {profile.client} client"
+            f" ({_writes(profile)});"
+            " CPU counts the relay's process tree and its PostgreSQL's; `cores` is CPU"
+            " seconds over the phase's wall seconds",
         ]
     )
+
+
+def _writes(profile: Profile) -> str:
+    if CLIENTS[profile.client].coalesce:
+        return "frames queued together joined into one write: not how users' clients send"
+    return "one write per message"
 
 
 def write_results(path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
