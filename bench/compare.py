@@ -40,6 +40,10 @@ BEGIN, END = "<!-- compare:begin -->", "<!-- compare:end -->"
 DEFAULT_RELAYS = ("ours", "nostr-relay-sqlite", "nostr-relay-pg", "nostr-sdk")
 
 
+# The figures shown round by round under each phase's medians: one bad round is a finding.
+ROUND_FIGURES = ("ops/s", "p99 ms", "relay+pg CPU us/op", "relay cores", "pg cores")
+
+
 @dataclass
 class RelayRuns:
     """Everything measured for one relay over the rounds."""
@@ -65,6 +69,14 @@ class RelayRuns:
                     if v is not None:
                         values.append(v)
         return statistics.median(values) if values else None
+
+    def per_round(self, phase: str, figure: str) -> str:
+        """The figure in each round, in order ('-' where the round has none)."""
+        out = []
+        for results in self.rounds:
+            v = next((r.figures()[figure] for r in results if r.phase == phase), None)
+            out.append(fmt(v, figure))
+        return " / ".join(out)
 
     def reasons(self, phase: str) -> tuple[Counter[str], Counter[str]]:
         errors: Counter[str] = Counter()
@@ -234,6 +246,9 @@ def report(runs: list[RelayRuns], profile: Profile, rounds: int) -> str:
                 for p in peers
             ]
             lines += _table(["ratio", *FIGURES], rows)
+        lines.append("")
+        rows = [[r.label, *(r.per_round(phase, f) for f in ROUND_FIGURES)] for r in ok]
+        lines += _table(["relay (each round)", *ROUND_FIGURES], rows)
         reasons = []
         for r in ok:
             errors, notes = r.reasons(phase)
