@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import msgspec
+
 from engram.nip01 import Event, is_hex
 from relay.config import KIND_ENGRAM
 from relay.filters import Filter
@@ -320,10 +322,12 @@ class _Params:
             self._viewer_pos = len(self.values)
         return f"${self._viewer_pos}::bytea"
 
-    def conditions(self, f: Filter, author_ref: str | None = None) -> list[str] | None:
+    def conditions(
+        self, f: Filter, author_ref: str | None = None, bounded: bool = False
+    ) -> list[str] | None:
         """_conditions, leaving no unreferenced parameter behind when it returns None."""
         mark = len(self.values)
-        conds = _conditions(f, self, author_ref)
+        conds = _conditions(f, self, author_ref, bounded or f.ids is not None)
         if conds is None:
             del self.values[mark:]
             if self._viewer_pos > mark:
@@ -348,8 +352,25 @@ def _one_or_all(values: list[Any]) -> Any:
     return values[0] if len(values) == 1 else values
 
 
-def _conditions(f: Filter, p: _Params, author_ref: str | None = None) -> list[str] | None:
-    """WHERE terms for one filter (without tenant), or None if it can match nothing."""
+def _tag_ids(ref: str, n: int) -> str:
+    """Ids of the tenant's events carrying the tag key(s) in parameter `ref`, by hash."""
+    if n == 1:
+        return (
+            f"SELECT x.id FROM event_tags x WHERE x.tenant = $1 AND x.tag = tag_hash({ref}::text)"
+        )
+    return (
+        "SELECT x.id FROM event_tags x WHERE x.tenant = $1"
+        f" AND x.tag = ANY(ARRAY(SELECT tag_hash(k) FROM unnest({ref}::text[]) k))"
+    )
+
+
+def _conditions(
+    f: Filter, p: _Params, author_ref: str | None = None, bounded: bool = False
+) -> list[str] | None:
+    """WHERE terms for one filter (without tenant), or None if it can match nothing.
+
+    `bounded`: something else (ids, or a driving scan of event_tags) already limits the
+    rows read, so tag terms only recheck the row's own `tagvals`."""
     if f.since is not None and f.until is not None and f.since > f.until:
         return None
     conds: list[str] = []
@@ -387,9 +408,15 @@ def _conditions(f: Filter, p: _Params, author_ref: str | None = None) -> list[st
             continue
         keys = list(dict.fromkeys(tag_key(name, v) for v in values))
         if len(keys) == 1:  # a scalar parameter: the statement can be batched (readbatch)
-            conds.append(f"tagvals && ARRAY[{p.add(keys[0])}::text]")
+            ref = p.add(keys[0])
+            conds.append(f"tagvals && ARRAY[{ref}::text]")
         else:
-            conds.append(f"tagvals && {p.add(keys)}::text[]")
+            ref = p.add(keys)
+            conds.append(f"tagvals && {ref}::text[]")
+        if not bounded:
+            # nothing else bounds the rows read: find them through event_tags (one index
+            # range per value); the `tagvals` term above rechecks the hash's finds
+            conds.append(f"id IN ({_tag_ids(ref, len(keys))})")
     if f.since is not None:
         conds.append(f"created_at >= {p.add(f.since)}::int8")
     if f.until is not None:
@@ -430,6 +457,92 @@ MERGE_AUTHORS_MAX = 32
 _AUTHOR = "{author}"  # stands for the author of one per-author scan while building
 
 
+def _driving_tag(f: Filter) -> str | None:
+    """The tag name whose event_tags ranges drive a limited filter's scan, else None.
+
+    Ids bound the scan by themselves; an engram `#d` is its address column (see
+    _conditions). Otherwise the first tag name drives: each of its values is one range
+    of event_tags_time read newest-first, so the scan reads about `limit` entries per
+    value (plus the rows the other conditions turn down), and an absent value costs one
+    probe, whatever the planner's statistics say about the value."""
+    if f.ids is not None or f.limit is None:
+        return None
+    engram_only = f.kinds is not None and set(f.kinds) == {KIND_ENGRAM}
+    for name, values in f.tags.items():
+        if values and not (name == "d" and engram_only):
+            return name
+    return None
+
+
+def _tag_driven(f: Filter, name: str, p: _Params, scan_max: int) -> str | None:
+    """The SELECT of a filter driven by tag `name` (see _driving_tag), or None.
+
+    One newest-first range per value, each cut at `scan_max` entries (the rows a REQ may
+    read however selective its other conditions are) and at `limit` matches, merged and
+    deduplicated (an event may carry several of the values)."""
+    conds = p.conditions(f, bounded=True)
+    if conds is None:
+        return None
+    where = " AND ".join(["tenant = $1", "id = x.id", *conds])
+    span = ""
+    if f.since is not None:
+        span += f" AND created_at >= {p.add(f.since)}::int8"
+    if f.until is not None:
+        span += f" AND created_at <= {p.add(f.until)}::int8"
+    limit = p.add(f.limit)
+    cap = p.add(scan_max)
+    keys = list(dict.fromkeys(tag_key(name, v) for v in f.tags[name]))
+    branches = [
+        f"SELECT e.raw, e.created_at, e.id FROM (SELECT created_at, id FROM event_tags"
+        f" WHERE tenant = $1 AND tag = tag_hash({p.add(k)}::text){span}"
+        f" ORDER BY created_at DESC, id LIMIT {cap}::int8) x"
+        f" CROSS JOIN LATERAL (SELECT {SELECT_COLUMNS} FROM events WHERE {where}) e"
+        f" ORDER BY x.created_at DESC, x.id LIMIT {limit}::int8"
+        for k in keys
+    ]
+    if len(branches) == 1:
+        return branches[0]
+    union = " UNION ALL ".join(f"({b})" for b in branches)
+    return (
+        f"SELECT DISTINCT ON (created_at, id) {SELECT_COLUMNS} FROM ({union}) u"
+        f" {_ORDER} LIMIT {limit}::int8"
+    )
+
+
+def _search_walk_first(f: Filter, p: _Params, walk: int, scan_max: int) -> str | None:
+    """The SELECT of a limited search with no ids, authors or tags, or None.
+
+    Which plan is cheap depends on how common the words are, and the statistics can make
+    any word look common (one word on every row pulls every estimate up), so the data
+    decides: first the newest `walk` rows (of the filter's kinds and time span) are
+    tested against their stored words; a word that fills `limit` there is common, and
+    that is the answer. Only if it does not, the word's posting list in the GIN index is
+    read (search_newest: an index probe, cut at the newest `scan_max` matches) and those
+    rows are tested: a rare or absent word costs its matches, never a walk of the table."""
+    search = f.search
+    conds = p.conditions(msgspec.structs.replace(f, search=None), bounded=True)
+    if conds is None or search is None:
+        return None
+    where = " AND ".join(["tenant = $1", *conds])
+    q_ref = p.add(search)
+    words = f"{SEARCH_WORDS} @@ websearch_to_tsquery('simple', {q_ref}::text)"
+    limit = p.add(f.limit)
+    kinds = [k for k in dict.fromkeys(f.kinds or ()) if 0 <= k <= _INT4_MAX] or None
+    found = (
+        f"SELECT search_newest($1, {q_ref}::text, {p.add(kinds)}::int4[],"
+        f" {p.add(f.since)}::int8, {p.add(f.until)}::int8, {p.add(scan_max)}::int4)"
+    )
+    return (
+        f"WITH w AS MATERIALIZED (SELECT {SELECT_COLUMNS} FROM (SELECT {SELECT_COLUMNS},"
+        f" kind, words, content FROM events WHERE {where} {_ORDER} LIMIT {p.add(walk)}::int8) s"
+        f" WHERE kind <> {KIND_ENGRAM} AND {words} {_ORDER} LIMIT {limit}::int8)"
+        f" SELECT {SELECT_COLUMNS} FROM w WHERE (SELECT count(*) FROM w) >= {limit}::int8"
+        f" UNION ALL (SELECT {SELECT_COLUMNS} FROM events WHERE (SELECT count(*) FROM w)"
+        f" < {limit}::int8 AND {where} AND id = ANY(ARRAY({found}))"
+        f" AND kind <> {KIND_ENGRAM} AND {words} {_ORDER} LIMIT {limit}::int8)"
+    )
+
+
 def _per_author(f: Filter) -> list[bytes] | None:
     """The distinct authors of a limited filter naming several (and no ids), else None."""
     if f.authors is None or f.ids is not None or f.limit is None or len(f.authors) < 2:
@@ -438,8 +551,19 @@ def _per_author(f: Filter) -> list[bytes] | None:
     return authors if len(authors) > 1 else None
 
 
+# Rows a REQ may read (per tag value, or per searched word's matches) however selective
+# its other conditions are; and the newest rows a search tests before it asks the index.
+SCAN_MAX = 50_000
+SEARCH_WALK = 1_000
+
+
 def build_query(
-    filters: list[Filter], tenant: str, viewer: str | None = None, now: int | None = None
+    filters: list[Filter],
+    tenant: str,
+    viewer: str | None = None,
+    now: int | None = None,
+    scan_max: int = SCAN_MAX,
+    search_walk: int = SEARCH_WALK,
 ) -> tuple[str, list[Any]] | None:
     """SELECT raw, created_at, id for the filters, or None if none can match.
 
@@ -451,6 +575,17 @@ def build_query(
     parts: list[str] = []
     for f in filters:
         if f.limit == 0:
+            continue
+        name = None if _one_address(f) else _driving_tag(f)
+        if name is not None:
+            select = _tag_driven(f, name, p, scan_max)
+            if select is not None:
+                parts.append(select)
+            continue
+        if f.search is not None and f.limit is not None and f.ids is None and not f.authors:
+            select = _search_walk_first(f, p, search_walk, scan_max)
+            if select is not None:
+                parts.append(select)
             continue
         authors = _per_author(f)
         conds = p.conditions(f, None if authors is None else _AUTHOR)

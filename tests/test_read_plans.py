@@ -1,0 +1,236 @@
+"""A REQ costs what it returns: plans on a store whose statistics are skewed.
+
+The store holds rows where one tag value and one word are on every row (the data of a
+bot-heavy relay, and data anyone can publish), so the statistics make every other value
+look common. Tag filters and searches for an absent or rare value must still be answered
+from an index probe, not a newest-first walk of the table. Nothing here is timed: the
+plans are read with EXPLAIN (ANALYZE), counting the rows each plan node touched.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import msgspec
+import pytest
+
+from engram.nip01 import Event, pubkey_of
+from relay.config import Settings
+from relay.filters import Filter
+from relay.store.postgres import PostgresStore
+from relay.store.sql import SEARCH_WALK, build_count, build_query, tag_key
+
+ROWS = 20_000
+SK = bytes([7]) * 32
+PK = pubkey_of(SK)
+TENANT = "skewed"
+
+
+def _walk_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    out = [plan]
+    for child in plan.get("Plans", ()):
+        out += _walk_nodes(child)
+    return out
+
+
+_BASE_SCANS = frozenset(
+    {"Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan", "Bitmap Index Scan"}
+)
+
+
+def rows_touched(plan: dict[str, Any]) -> int:
+    """Rows every scan of a table or index returned or threw away, over all its loops
+    (scans of a subquery's or CTE's output are not counted again)."""
+    total = 0
+    for node in _walk_nodes(plan):
+        if node["Node Type"] in _BASE_SCANS:
+            loops = node.get("Actual Loops", 1)
+            total += (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)) * loops
+    return total
+
+
+@pytest.fixture
+async def skewed(database_url: str) -> AsyncIterator[tuple[PostgresStore, str]]:
+    """ROWS rows: `#t common` and the word `spam` on every one; `#t rare` and the word
+    `needle` on three; then ANALYZE, as autovacuum would."""
+    store = await PostgresStore.open(database_url, Settings())
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            """
+            INSERT INTO events (tenant, id, pubkey, created_at, kind, d, owner, tagvals,
+                                content, sig, raw, words)
+            SELECT $1, sha256(int4send(g)), $2, 1700000000 + g, 1, NULL, NULL,
+                   CASE WHEN g % 7000 = 1 THEN ARRAY['t:common', 't:rare', 'e:' || g]
+                        ELSE ARRAY['t:common', 'e:' || g] END,
+                   CASE WHEN g % 7000 = 1 THEN 'spam needle' ELSE 'spam eggs' END,
+                   decode(repeat('00', 64), 'hex'), convert_to('{}', 'UTF8'),
+                   to_tsvector('simple',
+                       CASE WHEN g % 7000 = 1 THEN 'spam needle' ELSE 'spam eggs' END)
+            FROM generate_series(1, $3) g
+            """,
+            TENANT,
+            bytes.fromhex(PK),
+            ROWS,
+        )
+        await conn.execute("ANALYZE events; ANALYZE event_tags")
+    finally:
+        await conn.close()
+    yield store, database_url
+    await store.close()
+
+
+async def explain(database_url: str, sql: str, params: list[Any]) -> dict[str, Any]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        text = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *params)
+    finally:
+        await conn.close()
+    return json.loads(text)[0]["Plan"]  # type: ignore[no-any-return]
+
+
+def one(f: Filter) -> tuple[str, list[Any]]:
+    built = build_query([f], TENANT, None, 1_800_000_000)
+    assert built is not None
+    return built
+
+
+@pytest.mark.parametrize("value", ["absent", "rare"])
+async def test_tag_filter_is_an_index_probe(
+    skewed: tuple[PostgresStore, str], value: str
+) -> None:
+    store, url = skewed
+    f = Filter(tags={"t": [value]}, limit=10)
+    plan = await explain(url, *one(f))
+    nodes = {n["Node Type"] for n in _walk_nodes(plan)}
+    assert "Seq Scan" not in nodes
+    assert rows_touched(plan) <= 10, plan  # the value's own entries and their rows
+    found = await store.query([f], TENANT)
+    assert len(found) == (3 if value == "rare" else 0)
+
+
+async def test_common_tag_reads_about_limit_entries(skewed: tuple[PostgresStore, str]) -> None:
+    store, url = skewed
+    f = Filter(tags={"t": ["common"]}, limit=10)
+    plan = await explain(url, *one(f))
+    assert rows_touched(plan) <= 3 * 10, plan
+    assert len(await store.query([f], TENANT)) == 10
+
+
+async def test_several_values_are_merged_without_repeats(
+    skewed: tuple[PostgresStore, str],
+) -> None:
+    """An event carrying two of the values is returned once, newest first."""
+    store, _ = skewed
+    f = Filter(tags={"t": ["rare", "common"]}, limit=5)
+    rows = [msgspec.json.decode(r) for r in await store.query([f], TENANT)]
+    assert len(rows) == 5
+    n = await store.count([Filter(tags={"t": ["rare", "absent"]})], TENANT)
+    assert n == 3
+
+
+@pytest.mark.parametrize("word", ["absent", "needle"])
+async def test_search_for_a_rare_word_reads_its_posting_list(
+    skewed: tuple[PostgresStore, str], word: str
+) -> None:
+    """The newest SEARCH_WALK rows are tested (bounded), then the word's matches come from
+    the GIN index: never a walk of the table."""
+    store, url = skewed
+    f = Filter(search=word, limit=10)
+    plan = await explain(url, *one(f))
+    assert rows_touched(plan) <= SEARCH_WALK + 10, plan
+    assert "Seq Scan" not in {n["Node Type"] for n in _walk_nodes(plan)}
+    # and the function's own query is the bitmap scan of the posting list
+    conn = await asyncpg.connect(url)
+    try:
+        async with conn.transaction():
+            await conn.execute(
+                "SET LOCAL enable_seqscan = off; SET LOCAL enable_indexscan = off;"
+                " SET LOCAL enable_indexonlyscan = off"
+            )
+            text = await conn.fetchval(
+                "EXPLAIN (ANALYZE, FORMAT JSON) SELECT id FROM events WHERE tenant = $1"
+                " AND kind <> 30174 AND coalesce(words, to_tsvector('simple', content))"
+                " @@ websearch_to_tsquery('simple', $2) ORDER BY created_at DESC, id LIMIT 50000",
+                TENANT,
+                word,
+            )
+    finally:
+        await conn.close()
+    inner = json.loads(text)[0]["Plan"]
+    scans = [n for n in _walk_nodes(inner) if "Scan" in n["Node Type"]]
+    assert any(n.get("Index Name") == "events_words" for n in scans), inner
+    assert rows_touched(inner) <= 2 * 3, inner
+    assert len(await store.query([f], TENANT)) == (3 if word == "needle" else 0)
+
+
+async def test_search_for_a_common_word_walks_a_few_rows(
+    skewed: tuple[PostgresStore, str],
+) -> None:
+    store, url = skewed
+    f = Filter(search="spam", limit=10)
+    plan = await explain(url, *one(f))
+    assert rows_touched(plan) <= 3 * 10, plan
+    assert len(await store.query([f], TENANT)) == 10
+
+
+async def test_count_of_an_absent_tag_is_an_index_probe(
+    skewed: tuple[PostgresStore, str],
+) -> None:
+    _, url = skewed
+    built = build_count([Filter(tags={"t": ["absent"]})], TENANT)
+    assert built is not None
+    plan = await explain(url, *built)
+    assert rows_touched(plan) <= 5, plan
+
+
+# --- event_tags follows every write ---------------------------------------------------
+
+
+async def _tag_rows(url: str) -> int:
+    conn = await asyncpg.connect(url)
+    try:
+        return int(await conn.fetchval("SELECT count(*) FROM event_tags"))
+    finally:
+        await conn.close()
+
+
+async def test_event_tags_follow_replace_delete_and_truncate(
+    database_url: str, make_event: Any
+) -> None:
+    store = await PostgresStore.open(database_url, Settings())
+    try:
+
+        async def put(ev: Event) -> None:
+            await store.save(ev, msgspec.json.encode(ev), TENANT)
+
+        old = make_event(SK, kind=3, tags=[["p", "a" * 64]], created_at=100)
+        new = make_event(SK, kind=3, tags=[["p", "b" * 64], ["t", "x"]], created_at=200)
+        await put(old)
+        await put(new)  # replaces: the old version's entries go, the new one's come
+        assert await _tag_rows(database_url) == 2
+        assert await store.query([Filter(tags={"p": ["a" * 64]}, limit=5)], TENANT) == []
+        assert len(await store.query([Filter(tags={"p": ["b" * 64]}, limit=5)], TENANT)) == 1
+        note = make_event(SK, kind=1, tags=[["t", "x"]], created_at=300)
+        await put(note)
+        await put(make_event(SK, kind=5, tags=[["e", note.id]], created_at=400))  # NIP-09
+        rows = await store.query([Filter(tags={"t": ["x"]}, limit=5)], TENANT)
+        assert [msgspec.json.decode(r)["id"] for r in rows] == [new.id]
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute("TRUNCATE events")
+        finally:
+            await conn.close()
+        assert await _tag_rows(database_url) == 0
+    finally:
+        await store.close()
+
+
+def test_tag_key_is_what_the_index_hashes() -> None:
+    """The query hashes the same key the trigger hashes: `tag_key` (see sql.py)."""
+    f = Filter(tags={"t": ["x"]}, limit=1)
+    _, params = build_query([f], TENANT)  # type: ignore[misc]
+    assert tag_key("t", "x") in params
