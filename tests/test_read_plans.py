@@ -99,9 +99,7 @@ def one(f: Filter) -> tuple[str, list[Any]]:
 
 
 @pytest.mark.parametrize("value", ["absent", "rare"])
-async def test_tag_filter_is_an_index_probe(
-    skewed: tuple[PostgresStore, str], value: str
-) -> None:
+async def test_tag_filter_is_an_index_probe(skewed: tuple[PostgresStore, str], value: str) -> None:
     store, url = skewed
     f = Filter(tags={"t": [value]}, limit=10)
     plan = await explain(url, *one(f))
