@@ -96,6 +96,14 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     query_timeout_seconds: float = 10.0  # statement timeout of every REQ/COUNT query
     read_concurrency: int = 4  # REQ/COUNT statements in flight at once (relay.store.readbatch)
     read_batch_max: int = 32  # concurrent REQs of one shape run as one statement, at most
+    # Store reads (REQ/COUNT) in flight per connection and per IP (relay.readgate): a
+    # client sending costly REQs back to back waits for its own, not everyone else.
+    reads_per_connection: int = 4
+    reads_per_ip: int = 32
+    # Rows one REQ may read per tag value or per searched word's matches (scan budget),
+    # and the newest rows a search tests before it reads the word's index entries.
+    scan_max: int = 50_000
+    search_walk: int = 1_000
     gc_threshold0: int = 20_000  # young-generation GC threshold, start-up frozen (0: off)
     expired_purge_seconds: float = 60.0  # NIP-40: how often expired events are purged
     bus_poll_seconds: float = 1.0  # cross-node tail read without a wake-up (fallback)

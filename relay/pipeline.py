@@ -24,6 +24,7 @@ from relay.filters import Filter, FilterError, parse_filter, restrict_search
 from relay.hosts import host_of
 from relay.negentropy import NegentropyService
 from relay.ratelimit import ConnectionAllowance, RateLimiter
+from relay.readgate import ReadGate
 from relay.session import Session
 from relay.store import EventStore, SaveResult, SaveStatus, StoreError
 from relay.tenants import Tenant, TenantRegistry
@@ -49,6 +50,7 @@ class Relay:
         self.tenants = tenants or TenantRegistry(settings)
         self.fanouts: defaultdict[str, FanOut] = defaultdict(FanOut)
         self.limiter = RateLimiter(settings.rate)
+        self.reads = ReadGate(settings.reads_per_connection, settings.reads_per_ip)
         self.bus = bus
         self.clock = clock
         kinds = settings.search_kinds
@@ -307,7 +309,8 @@ class Relay:
         if isinstance(filters, bytes):
             return filters
         try:
-            n = await self.store.count(filters, tenant.key, session.authed)
+            async with self.reads.hold(session):
+                n = await self.store.count(filters, tenant.key, session.authed)
         except StoreError as exc:
             return wire.closed(sub_id, str(exc))
         return wire.count(sub_id, n)
@@ -335,7 +338,8 @@ class Relay:
             policy.clamp_limit(f, lim)
         sub = fanout.subscribe(session, sub_id, filters, pending=True)
         try:
-            rows = await self.store.query(filters, tenant.key, session.authed)
+            async with self.reads.hold(session):
+                rows = await self.store.query(filters, tenant.key, session.authed)
         except StoreError as exc:
             fanout.unsubscribe(session, sub_id)
             session.send(wire.closed(sub_id, str(exc)))

@@ -105,6 +105,7 @@ class PostgresStore:
         metrics.watch_pool(self, pool)
         self._batch_max = max(1, settings.write_batch_max)
         self._query_timeout = settings.query_timeout_seconds
+        self._scan = (settings.scan_max, settings.search_walk)
         self.node_id = uuid.uuid4().hex  # `origin` of the rows this process stores
         self.bus_held_back = False  # set by bus_read (relay.store.pgbus reports it)
         self._pending: collections.deque[_Pending] = collections.deque()
@@ -397,7 +398,7 @@ class PostgresStore:
         viewer: str | None = None,
     ) -> list[bytes]:
         """Raw events matching any filter: created_at desc, id asc, each filter limited."""
-        built = q.build_query(filters, tenant, viewer, int(time.time()))
+        built = q.build_query(filters, tenant, viewer, int(time.time()), *self._scan)
         if built is None:
             return []
         rows = await self._fetch(*built)
