@@ -8,8 +8,8 @@ from typing import Any
 
 import asyncpg
 import pytest
-
 from nostr_client import Client
+
 from relay.readgate import ReadGate
 
 
