@@ -42,30 +42,39 @@ IN_FLIGHT = 800
 SETTLE_SECONDS = 2.0
 
 # variant -> SQL run after the migrations (the shipped schema is "as shipped")
+_NO_TAG_TABLE = [
+    "DROP TRIGGER event_tags_insert ON events",
+    "DROP TRIGGER event_tags_update ON events",
+    "DROP TRIGGER event_tags_delete ON events",
+]
 VARIANTS: dict[str, list[str]] = {
     "as shipped": [],
     "without events_words": ["DROP INDEX events_words"],
-    "without events_tagvals": ["DROP INDEX events_tagvals"],
+    "without event_tags (triggers)": _NO_TAG_TABLE,
+    "with the old tagvals GIN instead": [
+        *_NO_TAG_TABLE,
+        "CREATE INDEX events_tagvals ON events USING gin (tagvals)",
+    ],
     "without events_xid": ["DROP INDEX events_xid"],
     "without events_time": ["DROP INDEX events_time"],
     "without events_kind_time": ["DROP INDEX events_kind_time"],
     "without events_author_time": ["DROP INDEX events_author_time"],
-    "without events_author_kind_time": ["DROP INDEX events_author_kind_time"],
     "search index, fastupdate off": ["ALTER INDEX events_words SET (fastupdate = off)"],
     "search index, 16 MB pending list": [
         "ALTER INDEX events_words SET (gin_pending_list_limit = 16384)"
     ],
     "primary key and address only": [
-        f"DROP INDEX {name}"
-        for name in (
-            "events_words",
-            "events_tagvals",
-            "events_xid",
-            "events_time",
-            "events_kind_time",
-            "events_author_time",
-            "events_author_kind_time",
-        )
+        *_NO_TAG_TABLE,
+        *(
+            f"DROP INDEX {name}"
+            for name in (
+                "events_words",
+                "events_xid",
+                "events_time",
+                "events_kind_time",
+                "events_author_time",
+            )
+        ),
     ],
 }
 

@@ -37,23 +37,21 @@ from relay.store.embedded import quote_ident, start_server, with_database
 from relay.store.postgres import PostgresStore, _columns, _Pending
 from relay.store.sql import encode_row
 
-_COPY_COLUMNS = (
-    "tenant, id, pubkey, created_at, kind, d, owner, tagvals, content, sig, raw, expires_at"
-)
+_COPY_COLUMNS = "tenant, id, pubkey, created_at, kind, d, owner, tagvals, content, raw, expires_at"
 _TEMP = (
     "CREATE TEMP TABLE IF NOT EXISTS events_in (tenant text, id bytea, pubkey bytea,"
     " created_at int8, kind int4, d text, owner bytea, tagvals text, content text,"
-    " sig bytea, raw bytea, expires_at int8, ord bigserial); TRUNCATE events_in"
+    " raw bytea, expires_at int8, ord bigserial); TRUNCATE events_in"
 )
 # Stands in for the store's unnest() source, with the same columns (origin, words, ord).
 _FROM_TEMP = (
     "SELECT t.tenant, t.id, t.pubkey, t.created_at, t.kind, t.d, t.owner, t.tagvals::text[],"
-    " t.content, t.sig, t.raw, t.expires_at, $1::text, to_tsvector('simple', t.content)"
+    " '', t.raw, t.expires_at, $1::text, to_tsvector('simple', t.content)"
     " FROM events_in t"
 )
 _SINGLE = (
     f"INSERT INTO events ({_COPY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7,"
-    " $8::text::text[], $9, $10, $11, $12) ON CONFLICT (tenant, id) DO NOTHING"
+    " $8::text::text[], $9, $10, $11) ON CONFLICT (tenant, id) DO NOTHING"
 )
 
 
@@ -66,7 +64,7 @@ class CopyStore(PostgresStore):
         await conn.copy_records_to_table(
             "events_in", records=records, columns=_COPY_COLUMNS.split(", ")
         )
-        stmt = sql.replace(q._UNNEST, _FROM_TEMP).replace("$13::text", "$1::text")  # origin
+        stmt = sql.replace(q._UNNEST, _FROM_TEMP).replace("$12::text", "$1::text")  # origin
         return set(map(tuple, await conn.fetch(stmt, self.node_id)))
 
 

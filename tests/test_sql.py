@@ -138,7 +138,7 @@ def test_encode_row(make_event: Callable[..., Event]) -> None:
     row = sql.encode_row(ev, b"{raw}")
     assert row[0] == bytes.fromhex(ev.id) and row[4] == "h" and row[5] == bytes.fromhex(PK)
     # engram content is ciphertext, never searched: no copy for the full-text index
-    assert row[6] == '{"d:h","p:' + PK + '"}' and row[7] == "" and row[9] == b"{raw}"
+    assert row[6] == '{"d:h","p:' + PK + '"}' and row[7] == "" and row[8] == b"{raw}"
     note = make_event(sk, kind=1, content="a\x00b")
     assert sql.encode_row(note, b"")[7] == "ab"  # Postgres text holds no NUL
     assert sql.encode_row(note, b"", frozenset({0, 1}))[7] == "ab"

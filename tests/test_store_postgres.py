@@ -267,7 +267,10 @@ async def test_bad_event_fails_alone(
     store: PostgresStore, database_url: str, make_event: MakeEvent
 ) -> None:
     conn = await asyncpg.connect(database_url)
-    await conn.execute("ALTER TABLE events ADD CONSTRAINT test_no_boom CHECK (content <> 'boom')")
+    await conn.execute(  # the row of the event whose content is "boom" cannot be stored
+        "ALTER TABLE events ADD CONSTRAINT test_no_boom"
+        " CHECK (position('\\x22626f6f6d22'::bytea in raw) = 0)"
+    )
     await conn.close()
     events = [make_event(SK[0], content=str(i)) for i in range(40)]
     events.insert(17, make_event(SK[0], content="boom"))
@@ -557,7 +560,11 @@ async def test_search_reads_stored_words(
         words = dict(await conn.fetch("SELECT id, words::text FROM events"))
         assert words[bytes.fromhex(new.id)] == "'keeper':4 'lighthouse':3 'stored':1 'words':2"
         assert words[bytes.fromhex(memo.id)] == ""  # engram content is never searchable
-        await conn.execute("UPDATE events SET words = NULL WHERE id = $1", bytes.fromhex(old.id))
+        await conn.execute(  # as a row written before 0012 is: content, no words
+            "UPDATE events SET words = NULL, content = $2 WHERE id = $1",
+            bytes.fromhex(old.id),
+            old.content,
+        )
         # The query tests the very expression the index holds (as PostgreSQL prints both),
         # or the planner could never take the index.
         index = await conn.fetchval("SELECT pg_get_indexdef('events_words'::regclass)")
@@ -579,7 +586,12 @@ async def test_upgrade_to_stored_words_keeps_old_rows(
 ) -> None:
     """A store written before migration 0012 (no `words` column) upgrades in place: its
     rows are served byte for byte and found by search, and new rows get their words."""
-    old = make_event(SK[0], content="written before the upgrade: lighthouse", created_at=900)
+    old = make_event(
+        SK[0],
+        tags=[["t", "before"]],
+        content="written before the upgrade: lighthouse",
+        created_at=900,
+    )
     conn = await asyncpg.connect(database_url)
     try:
         await conn.execute(
@@ -597,7 +609,9 @@ async def test_upgrade_to_stored_words_keeps_old_rows(
             " content, sig, raw, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7,"
             " $8::text::text[], $9, $10, $11, $12)",
             DEFAULT_TENANT,
-            *encode_row(old, raw(old)),
+            *(row := encode_row(old, raw(old)))[:8],
+            bytes.fromhex(old.sig),
+            *row[8:],
         )
     finally:
         await conn.close()
@@ -608,6 +622,8 @@ async def test_upgrade_to_stored_words_keeps_old_rows(
         assert await q(store, Filter(search="lighthouse", limit=10)) == [new.id, old.id]
         assert await q(store, Filter(search="upgrade", limit=10)) == [old.id]
         assert await store.query([Filter(ids=[old.id], limit=1)]) == [raw(old)]
+        # 0013 indexed the old row's tags in event_tags
+        assert await q(store, Filter(tags={"t": ["before"]}, limit=10)) == [old.id]
     finally:
         await store.close()
     conn = await asyncpg.connect(database_url)

@@ -201,7 +201,7 @@ class PostgresStore:
             while self._pending and len(batch) < self._batch_max and size < _BATCH_BYTES_MAX:
                 p = self._pending.popleft()
                 batch.append(p)
-                size += len(p.row[9])
+                size += len(p.row[8])
             started = metrics.start()
             try:
                 results = await self._write(batch)
