@@ -93,6 +93,13 @@ REQ_SECONDS = Histogram(
     buckets=_LATENCY,
     registry=REGISTRY,
 )
+READS_CLOSED = Counter(
+    "engram_reads_closed_total",
+    "REQs and COUNTs ended with CLOSED by the store: `budget` (the statement ran past"
+    " query_timeout_seconds) or `unavailable` (the database failed).",
+    ["tenant", "reason"],
+    registry=REGISTRY,
+)
 LIVE_EVENTS = Counter(
     "engram_live_events_total",
     "Live event frames fanned out to subscriptions.",
@@ -206,6 +213,12 @@ def req_done(tenant: str, started: float) -> None:
     if child is None:
         child = _req[tenant] = REQ_SECONDS.labels(tenant)
     child.observe(time.perf_counter() - started)
+
+
+def read_closed(tenant: str, message: str) -> None:
+    """A REQ/COUNT the store could not answer (its CLOSED message is `message`)."""
+    reason = "budget" if "timed out" in message else "unavailable"
+    READS_CLOSED.labels(tenant, reason).inc()
 
 
 def connection_opened(tenant: str) -> None:

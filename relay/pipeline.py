@@ -312,6 +312,7 @@ class Relay:
             async with self.reads.hold(session):
                 n = await self.store.count(filters, tenant.key, session.authed)
         except StoreError as exc:
+            metrics.read_closed(tenant.key, str(exc))
             return wire.closed(sub_id, str(exc))
         return wire.count(sub_id, n)
 
@@ -341,6 +342,7 @@ class Relay:
             async with self.reads.hold(session):
                 rows = await self.store.query(filters, tenant.key, session.authed)
         except StoreError as exc:
+            metrics.read_closed(tenant.key, str(exc))
             fanout.unsubscribe(session, sub_id)
             session.send(wire.closed(sub_id, str(exc)))
             return

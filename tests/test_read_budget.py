@@ -4,6 +4,7 @@ client's reads cannot take every store slot from the others (relay.readgate)."""
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from typing import Any
 
 import asyncpg
@@ -70,3 +71,6 @@ async def test_a_read_past_its_budget_is_closed_with_the_reason(
         finally:
             await lock.close()
         assert await c.query({"#t": ["absent"], "limit": 5}) == []
+    with urllib.request.urlopen(f"{relay.http_url}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    assert 'engram_reads_closed_total{reason="budget",tenant=' in text, text
