@@ -222,7 +222,7 @@ class Generator:
         if kind == 1:
             words = self._text(rng.randrange(6, 20))
             if self.skewed:
-                words += SKEW_WORDS
+                words += list(SKEW_WORDS)
             if rng.random() < 0.4:
                 tags.append(["t", f"topic{self._tags()}"])
             if rng.random() < 0.2 and (note := self._note()) is not None:
@@ -232,9 +232,9 @@ class Generator:
             content = " ".join(words)
         elif kind in (6, 7):
             note = self._note()
-            if note is None:
+            if note is None:  # no note yet: a note instead
                 kind = 1
-                words = self._text(8)
+                words = self._text(8) + (list(SKEW_WORDS) if self.skewed else [])
                 content = " ".join(words)
             else:
                 tags += [["e", note[0]], ["p", note[1]]]
