@@ -296,6 +296,7 @@ async def measure_disk(admin: Any, pgdata: Path) -> Disk:
             " pg_indexes_size(c.oid) FROM pg_class c WHERE c.relname = $1 AND c.relkind = 'r'",
             table,
         ) or (0, 0, 0)
+        disk.relations.append((table, "(total)", total))
         disk.relations.append((table, "(heap)", heap))
         disk.relations.append((table, "(toast, maps)", total - heap - indexes))
         for index, size in await admin.fetch(

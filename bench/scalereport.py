@@ -39,11 +39,12 @@ class Disk:
     datadir: int = 0
     wal: int = 0
     database: int = 0
-    # (table, index or "", bytes): each table's heap and TOAST, and each index
+    # (table, relation, bytes): each table's total, heap, TOAST and maps, and each index
     relations: list[tuple[str, str, int]] = field(default_factory=list)
 
     def table(self, name: str) -> int:
-        return sum(b for t, _, b in self.relations if t == name)
+        """pg_total_relation_size: heap, TOAST, maps and indexes."""
+        return sum(b for t, r, b in self.relations if t == name and r == "(total)")
 
 
 @dataclass
@@ -184,7 +185,7 @@ def corpus_report(run: CorpusRun, chunk: int) -> list[str]:
     total_wall = sum(c.wall for c in run.chunks)
     lines += [
         "",
-        f"- load: {last.size:,} events in {total_wall:.0f} s of ingest"
+        f"- load: {last.size:,} events in {total_wall:.1f} s of ingest"
         f" ({last.size / total_wall if total_wall else 0:,.0f} ev/s);"
         + (
             f" relay+PostgreSQL CPU per EVENT {lo:.0f} us over the first {n_lo:,} events,"
