@@ -279,6 +279,16 @@ def write_charts(runs: list[CorpusRun], directory: Path) -> list[Path]:
         )
         if p:
             out.append(p)
+        p = charts.lines(
+            directory / f"scale-cpu-{run.corpus}.png",
+            f"relay+PostgreSQL CPU per query, {run.corpus} corpus (us)",
+            xs,
+            {q: [s.shapes[q].cpu_us if q in s.shapes else None for s in run.steps] for q in SHAPES},
+            "events in the store",
+            "CPU us per query",
+        )
+        if p:
+            out.append(p)
     chunks = [r.chunks for r in runs]
     if chunks and len(chunks[0]) > 1 and all(len(c) == len(chunks[0]) for c in chunks):
         p = charts.lines(
