@@ -6,6 +6,7 @@ only make the suite notice when `python -m bench` itself breaks.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -159,3 +160,20 @@ def test_bench_scale_end_to_end(tmp_path: Path) -> None:
         assert re.search(r"^\| events \| events_pkey \| [\d.]+ \| [\d,]+ \| [\d,]+ \|", body, re.M)
         assert re.search(r"^\| event_tags \| event_tags_time \| ", body, re.M), body
         assert "CPU per EVENT" in body, body
+
+
+def test_scale_report_compares_first_and_last_chunks() -> None:
+    """Ingest drift: CPU per EVENT over the first `window` events against the last, whole
+    chunks only; the latency target is issue 25's max(2 x smallest size's p99, 15 ms)."""
+    from bench.scalereport import ChunkLoad, drift, target_met
+
+    bounds = [0, 10_000, 100_000, *range(200_000, 1_000_001, 100_000)]
+    chunks = [
+        ChunkLoad(a, b, 1.0, (b - a) * (100e-6 if b <= 100_000 else 120e-6))
+        for a, b in itertools.pairwise(bounds)
+    ]
+    first, last, n_first, n_last = drift(chunks, 100_000)
+    assert (n_first, n_last) == (100_000, 100_000)
+    assert round(first or 0) == 100 and round(last or 0) == 120
+    assert target_met(2.0, 15.0) == "met" and target_met(10.0, 20.0) == "met"
+    assert target_met(10.0, 20.5) == "**missed**" and target_met(None, 1.0) == "-"
