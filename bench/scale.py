@@ -5,7 +5,8 @@ where a few words and one tag value are on every row), a fresh embedded PostgreS
 real `engram serve` process on it (default settings), loaded in steps (default 10k,
 100k, 1M events) with **signed** events sent through the relay's websocket: 8
 connections x 100 EVENTs in flight, one websocket write per message (bench.load's
-ingest phase). Events are signed and cached before any clock starts (bench/.cache/).
+ingest phase). Events are signed and cached before any clock starts (bench/.cache/,
+~650 MB per million events; signing a million takes minutes, once).
 
 At each size, after `VACUUM ANALYZE` (what autovacuum does shortly after a bulk load),
 sequential REQs on one connection (REQ -> EOSE, or COUNT -> COUNT; p50/p99 over `--reps`
@@ -30,6 +31,7 @@ load's wall time; bytes on disk (data directory, its WAL, the database, `events`
 per event); the load average before and after. `--via store` times the store API in
 this process instead (PostgresStore.submit/query/count: no websocket, no signature
 checks). `--keep` leaves the data directories and PostgreSQL running for EXPLAIN.
+The tables and charts are made by bench/scalereport.py.
 """
 
 from __future__ import annotations
