@@ -18,7 +18,7 @@ COMMANDS: dict[str, str] = {
     "soak": "relay memory over a long mixed run (default 10 minutes)",
     "stalled": "relay memory with 1,000 subscribers that stopped reading, under a burst",
     "memls": "`engram mem ls` of 5,000 memories on a set of 3 relays",
-    "scale": "read latency and ingest rate of the store at 10k, 100k and 1M events",
+    "scale": "REQ latency, ingest CPU and disk use of engram serve at 10k, 100k and 1M events",
     "negentropy": "NIP-77: reconcile two relays' stores of 100,000 events differing by 1%",
     "replicas": "bench load on one PostgreSQL primary, then with a streaming read replica",
     "pgindex": "PostgreSQL CPU per stored event with each index of `events` removed in turn",

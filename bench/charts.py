@@ -70,10 +70,11 @@ def lines(
     if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for name, ys in series.items():
+    for i, (name, ys) in enumerate(series.items()):
         pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        if pts:  # past the 10 colours of the cycle, the next 10 dashed, then dotted
+            style = ("-", "--", ":")[i // 10 % 3]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=name)
     if limit is not None:
         ax.axhline(limit, color="red", linestyle="--", linewidth=1, label=f"target {limit:g}")
     ax.set_xscale("log")

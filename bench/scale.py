@@ -1,46 +1,45 @@
-"""`python -m bench scale`: read latency and ingest rate as the store grows.
+"""`python -m bench scale`: what users see of the relay as its store grows.
 
-Preloads one embedded PostgreSQL store in steps (default 10k, 100k, 1M events) and, at
-each size, times the common reads through `PostgresStore.query`/`count` (the relay's
-read path without the websocket) and the ingest of the next events into it.
+For each corpus (`--corpus realistic|skewed|both`, bench/corpus.py: a Zipf one, and one
+where a few words and one tag value are on every row), a fresh embedded PostgreSQL and a
+real `engram serve` process on it (default settings), loaded in steps (default 10k,
+100k, 1M events) with **signed** events sent through the relay's websocket: 8
+connections x 100 EVENTs in flight, one websocket write per message (bench.load's
+ingest phase). Events are signed and cached before any clock starts (bench/.cache/,
+~650 MB per million events; signing a million takes minutes, once).
 
-The corpus is synthetic and deterministic (seeded): 1,000 authors at 10k growing to
-10,000 from 1M (10 per 1,000 events); kinds 1 (notes), 7 (reactions), 3 (contact lists),
-0 (metadata), 30023 (articles) and 30174 (engrams); `e`, `p` and `t` tags and content
-words drawn with Zipf-like popularity (a few authors, hashtags, people and notes take
-most of the references). Event ids are real (NIP-01 hashes); **signatures are random
-bytes**: the store never verifies them (the relay does, before the store), so this
-measures the store only, and signing a million events would take longer than the run.
+At each size, after `VACUUM ANALYZE` (what autovacuum does shortly after a bulk load),
+sequential REQs on one connection (REQ -> EOSE, or COUNT -> COUNT; p50/p99 over `--reps`
+runs after a few unrecorded ones, the value drawn anew for each run):
+  search / #e / #p / #t  common   one of the 5 most used values        limit 20
+                         mid      a value on 0.1-1 % of the events     limit 20
+                         rare     a value on 1-5 events                limit 20
+                         absent   a value no event carries             limit 20
+  ids        {"ids":[one id]}
+  authors    {"authors":[a],"limit":10}, a drawn by author popularity
+  kinds      {"kinds":[1],"limit":20}
+  feed 20    {"authors":[20 authors],"kinds":[1],"limit":50}
+  COUNT      {"kinds":[7],"#e":[a reacted-to note]} (NIP-45)
+The values come from the generator's own counts at that size (bench/corpus.py), never
+tuned; the report shows how many events carry them.
 
-Events go in through `PostgresStore.submit`, i.e. the relay's group-commit writer with
-its default batch size and durability (fsync'd commits). "ingest" is the rate of the
-first 10,000 events loaded on top of each size (empty: the first 10,000 of all), with
-the relay+PostgreSQL CPU per event. After each step the store is `VACUUM ANALYZE`d, as
-autovacuum would do on its own shortly after a bulk load. Events arrive in created_at
-order (30 s apart, jittered by up to 10 minutes), as a relay sees them. CPU per query is
-this process plus every PostgreSQL process (background work such as autovacuum included).
-
-Queries (each a p50/p99 over `--reps` runs, parameters varying between runs):
-  authors     {"authors":[a],"limit":10}, a drawn by author popularity
-  #p popular  {"#p":[one of the 5 most-mentioned people],"limit":50}
-  #t popular  {"#t":[one of the 5 most-used hashtags],"limit":50}
-  deep page   page 50 of a top-5 author's history: {"authors":[a],"until":t,"limit":20}
-  feed 20     {"authors":[20 authors],"kinds":[1],"limit":50}
-  head        the CLI's engram head fetch: {"kinds":[30174],"authors":[a],"#p":[a],"#d":[s]}
-  COUNT       {"kinds":[7],"#e":[a reacted-to note]} (NIP-45)
-  search      {"search":"<a word used in ~1% of notes>","limit":20} (NIP-50)
+Reported per corpus and size: p50/p99 and relay+PostgreSQL CPU per query (the relay's
+process tree and the postmaster's, which pg_ctl starts outside the relay's tree); ingest
+rate and CPU per EVENT of every loaded chunk (100k by default), first against last; the
+load's wall time; bytes on disk (data directory, its WAL, the database, `events`,
+`event_tags` and every index on them with its `idx_scan` at the end of the run, bytes
+per event); the load average before and after. `--via store` times the store API in
+this process instead (PostgresStore.submit/query/count: no websocket, no signature
+checks). `--keep` leaves the data directories and PostgreSQL running for EXPLAIN.
+The tables and charts are made by bench/scalereport.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import bisect
-import datetime as dt
-import hashlib
-import itertools
-import random
+import contextlib
+import os
 import shutil
 import statistics
 import sys
@@ -48,208 +47,196 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
-from bench import charts
+from bench import charts, corpus, wsclient
 from bench.compare import write_results
-from bench.load import Watch
-from engram.nip01 import Event, event_id
-from relay.config import Settings
-from relay.filters import Filter
-from relay.wire import encode_event
+from bench.corpus import CHUNK, CORPORA, SHAPES, Picks, Prepared
+from bench.events import EventSet
+from bench.load import Profile, Watch, ingest_phase, run_async
+from bench.scalereport import (
+    WARMUP,
+    ChunkLoad,
+    CorpusRun,
+    Disk,
+    Shape,
+    Step,
+    report,
+    size_label,
+    write_charts,
+)
 
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
-INGEST_PROBE = 10_000  # events whose loading rate is "ingest into a store of size S"
-TARGET_P99_MS = 20.0
 BEGIN, END = "<!-- scale:begin -->", "<!-- scale:end -->"
-QUERIES = ("authors", "#p popular", "#t popular", "deep page", "feed 20", "head", "COUNT", "search")
-# Kind mix of the corpus (weights).
-KIND_MIX = {1: 60, 7: 18, 3: 3, 0: 2, 30023: 5, 30174: 12}
-WORDS = 2_000  # content vocabulary
-HASHTAGS = 500
-ENGRAM_SLUGS = 40  # addresses per agent
-RECENT_NOTES = 5_000  # reactions and replies point at one of the latest notes
-SEARCH_RANK = 100  # the search word: the 100th most common (~1% of notes contain it)
-_YEAR = 400 * 86_400  # created_at of the first event: 1M events at 30 s fit after it
+ANSWER_TIMEOUT = 60.0  # a REQ unanswered this long is reported, not waited for
+TABLES = ("events", "event_tags")
+
+_frame = msgspec.json.Decoder(list[msgspec.Raw])
+_str = msgspec.json.Decoder(str)
+_enc = msgspec.json.encode
 
 
-class Zipf:
-    """Draws ranks 0..n-1 with P(k) ~ 1/(k+1)^s (bisect over cumulative weights)."""
-
-    def __init__(self, n: int, s: float, rng: random.Random) -> None:
-        self.rng = rng
-        self.cum = list(itertools.accumulate(1.0 / (k + 1) ** s for k in range(n)))
-
-    def __call__(self) -> int:
-        return bisect.bisect_left(self.cum, self.rng.random() * self.cum[-1])
+# --- what a REQ of each shape sends -------------------------------------------------
 
 
-def authors_for(size: int) -> int:
-    return min(10_000, max(1_000, size // 100))
+def request(shape: str, value: Any) -> tuple[str, dict[str, Any]]:
+    """(verb, filter) of one run of `shape` with `value`."""
+    if shape == "COUNT":
+        return "COUNT", {"kinds": [7], "#e": [value]}
+    if shape == "ids":
+        return "REQ", {"ids": [value]}
+    if shape == "authors":
+        return "REQ", {"authors": [value], "limit": 10}
+    if shape == "kinds":
+        return "REQ", {"kinds": value, "limit": 20}
+    if shape == "feed 20":
+        return "REQ", {"authors": value, "kinds": [1], "limit": 50}
+    what = shape.split(" ", 1)[0]
+    if what == "search":
+        return "REQ", {"search": value, "limit": 20}
+    return "REQ", {what: [value], "limit": 20}
 
 
-@dataclass
-class Corpus:
-    """The deterministic event stream; remembers what the queries need to pick from."""
-
-    seed: int
-    now: int = field(default_factory=lambda: int(time.time()))
-    made: int = 0
-    rng: random.Random = field(init=False)
-    pubkeys: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # recent kind-1 ids (a ring)
-    reacted: list[str] = field(default_factory=list)  # sample of reaction targets
-    heads: list[tuple[str, str]] = field(default_factory=list)  # sample of (agent, slug)
-    p_count: Counter[str] = field(default_factory=Counter)
-    t_count: Counter[str] = field(default_factory=Counter)
-    a_count: Counter[str] = field(default_factory=Counter)
-
-    def __post_init__(self) -> None:
-        self.rng = random.Random(self.seed)
-        self._kinds = list(KIND_MIX)
-        self._kind_cum = list(itertools.accumulate(KIND_MIX.values()))
-        self._words = Zipf(WORDS, 1.0, self.rng)
-        self._tags = Zipf(HASHTAGS, 1.0, self.rng)
-        self._note_pick = Zipf(RECENT_NOTES, 1.0, self.rng)
-        self._authors: Zipf | None = None
-        self._people: Zipf | None = None
-
-    def grow_authors(self, n: int) -> None:
-        while len(self.pubkeys) < n:
-            i = len(self.pubkeys)
-            self.pubkeys.append(hashlib.sha256(f"scale-{self.seed}-{i}".encode()).hexdigest())
-        self._authors = Zipf(n, 0.9, self.rng)
-        self._people = Zipf(n, 1.0, self.rng)
-
-    def word(self, rank: int) -> str:
-        return f"w{rank}"
-
-    def _content(self, n: int) -> str:
-        return " ".join(self.word(self._words()) for _ in range(n))
-
-    def _person(self) -> str:
-        assert self._people is not None
-        p = self.pubkeys[self._people()]
-        self.p_count[p] += 1
-        return p
-
-    def _hashtag(self) -> str:
-        t = f"topic{self._tags()}"
-        self.t_count[t] += 1
-        return t
-
-    def _recent_note(self) -> str | None:
-        if not self.notes:
-            return None
-        k = self._note_pick()
-        return self.notes[-1 - k] if k < len(self.notes) else self.notes[0]
-
-    def event(self) -> tuple[Event, bytes]:
-        assert self._authors is not None
-        rng = self.rng
-        self.made += 1
-        kind = self._kinds[bisect.bisect_left(self._kind_cum, rng.random() * self._kind_cum[-1])]
-        author = self.pubkeys[self._authors()]
-        # arrival order, 30 s apart on average, up to 10 minutes late or early: what a
-        # relay sees (stored rows roughly follow created_at, as newest-first reads assume)
-        created_at = self.now - _YEAR + self.made * 30 + rng.randrange(-600, 600)
-        tags: list[list[str]] = []
-        content = ""
-        if kind == 1:
-            content = self._content(rng.randrange(6, 20))
-            if rng.random() < 0.4:
-                tags.append(["t", self._hashtag()])
-            if rng.random() < 0.3:
-                tags.append(["p", self._person()])
-            if rng.random() < 0.2 and (note := self._recent_note()) is not None:
-                tags.append(["e", note])
-        elif kind == 7:
-            content = "+"
-            note = self._recent_note()
-            if note is not None:
-                tags.append(["e", note])
-                if len(self.reacted) < 2_000:
-                    self.reacted.append(note)
-                elif rng.random() < 0.01:
-                    self.reacted[rng.randrange(2_000)] = note
-            tags.append(["p", self._person()])
-        elif kind == 3:
-            tags = [["p", self._person()] for _ in range(rng.randrange(10, 60))]
-        elif kind == 0:
-            content = msgspec.json.encode({"name": author[:8], "about": self._content(8)}).decode()
-        elif kind == 30023:
-            tags = [["d", f"article-{rng.randrange(100)}"]]
-            tags += [["t", self._hashtag()] for _ in range(rng.randrange(1, 4))]
-            content = self._content(rng.randrange(40, 120))
-        else:  # 30174: an agent's own memory (owner = itself), ciphertext-like content
-            slug = f"slug-{rng.randrange(ENGRAM_SLUGS)}"
-            tags = [["d", hashlib.sha256(f"{author}:{slug}".encode()).hexdigest()], ["p", author]]
-            content = base64.b64encode(rng.randbytes(rng.randrange(120, 400))).decode()
-            if len(self.heads) < 2_000:
-                self.heads.append((author, tags[0][1]))
-            elif rng.random() < 0.01:
-                self.heads[rng.randrange(2_000)] = (author, tags[0][1])
-        eid = event_id(author, created_at, kind, tags, content)
-        if kind == 1:
-            self.notes.append(eid)
-            if len(self.notes) > 2 * RECENT_NOTES:
-                del self.notes[:RECENT_NOTES]
-        self.a_count[author] += 1
-        sig = rng.randbytes(64).hex()  # not a signature: the store never checks (see above)
-        ev = Event(
-            id=eid,
-            pubkey=author,
-            created_at=created_at,
-            kind=kind,
-            tags=tags,
-            content=content,
-            sig=sig,
-        )
-        return ev, encode_event(ev)
+# --- targets: the relay through its websocket, or the store API ------------------------
 
 
-@dataclass
-class Step:
-    size: int  # events loaded (rows may be fewer: replaceable events replace)
-    rows: int = 0
-    ingest_rate: float | None = None  # events/s of the probe loaded on top of this size
-    ingest_cpu_us: float | None = None  # relay (this process) + PostgreSQL CPU per event
-    load_seconds: float = 0.0
-    p50: dict[str, float] = field(default_factory=dict)
-    p99: dict[str, float] = field(default_factory=dict)
-    cpu_us: dict[str, float] = field(default_factory=dict)  # relay+PostgreSQL CPU per query
-    db_mb: float = 0.0
+class _Asker:
+    """One websocket connection sending one REQ/COUNT at a time."""
+
+    def __init__(self) -> None:
+        self.conn: wsclient.WsConnection | None = None
+        self.sub = ""
+        self.answer: asyncio.Future[str] | None = None
+        self.returned = 0
+
+    async def open(self, url: str) -> None:
+        self.conn = await wsclient.connect(url, self.on_message, self.on_close)
+
+    def on_message(self, payload: bytes) -> None:
+        items = _frame.decode(payload)
+        verb = bytes(items[0]) if items else b""
+        if verb == b'"EVENT"':
+            self.returned += 1
+        elif verb in (b'"EOSE"', b'"COUNT"', b'"CLOSED"') and len(items) >= 2:
+            if _str.decode(items[1]) != self.sub or self.answer is None or self.answer.done():
+                return
+            why = _str.decode(items[2]) if verb == b'"CLOSED"' and len(items) > 2 else ""
+            self.answer.set_result(verb.decode().strip('"') + (f" {why}" if why else ""))
+
+    def on_close(self, reason: str) -> None:
+        if self.answer is not None and not self.answer.done():
+            self.answer.set_result(f"connection closed: {reason}")
+
+    async def ask(self, sub: str, frame: bytes, close: bytes | None) -> tuple[float, str]:
+        assert self.conn is not None
+        self.sub = sub
+        self.answer = asyncio.get_running_loop().create_future()
+        t0 = time.perf_counter()
+        self.conn.send(frame)
+        try:
+            outcome = await asyncio.wait_for(asyncio.shield(self.answer), ANSWER_TIMEOUT)
+        except TimeoutError:
+            outcome = f"no answer within {ANSWER_TIMEOUT:.0f} s"
+        elapsed = time.perf_counter() - t0
+        if close is not None:
+            self.conn.send(close)
+        return elapsed, outcome
 
 
-def _cpu(pg_pid: int | None) -> float:
-    return time.process_time() + (Watch.tree_cpu(pg_pid) or 0.0)
+class RelayTarget:
+    """`engram serve` on loopback: EVENTs and REQs through its websocket."""
+
+    def __init__(self, url: str, pid: int, pg_pid: int | None) -> None:
+        self.url = url
+        self.watch = Watch(pid, pg_pid)
+        self.asker = _Asker()
+        self.profile = Profile(connections=8, window=100, phase_timeout=3600.0)
+
+    async def load(self, start: int, end: int, events: EventSet) -> ChunkLoad:
+        r = await ingest_phase(f"load {start}-{end}", self.url, events, self.profile, self.watch)
+        cpu = None if r.relay_cpu is None else r.relay_cpu + (r.pg_cpu or 0.0)
+        return ChunkLoad(start, end, r.elapsed, cpu, r.errors)
+
+    def cpu(self) -> float:
+        relay, pg, _ = self.watch.snapshot()
+        return (relay or 0.0) + (pg or 0.0)
+
+    def prepare(self, runs: list[tuple[str, str, dict[str, Any]]]) -> list[Any]:
+        out = []
+        for sub, verb, f in runs:
+            close = wsclient.client_frame(_enc(["CLOSE", sub])) if verb == "REQ" else None
+            out.append((sub, wsclient.client_frame(_enc([verb, sub, f])), close))
+        return out
+
+    async def ask(self, prepared: Any) -> tuple[float, str]:
+        if self.asker.conn is None or self.asker.conn.closed:
+            self.asker = _Asker()
+            await self.asker.open(self.url)
+        return await self.asker.ask(*prepared)
+
+    def returned(self) -> int:
+        return self.asker.returned
+
+    async def close(self) -> None:
+        if self.asker.conn is not None:
+            self.asker.conn.close()
 
 
-async def _load(
-    store: object, corpus: Corpus, n: int, pg_pid: int | None = None, chunk: int = 20_000
-) -> tuple[float, float]:
-    """Store `n` new events; returns (wall s, relay+PostgreSQL CPU s) of the storing only
-    (the events of each chunk are made before its clock starts)."""
-    from relay.store import SaveStatus
+class StoreTarget:
+    """PostgresStore in this process (`--via store`): the store's cost without the relay."""
 
-    wall = cpu = 0.0
-    left = n
-    while left > 0:
-        k = min(chunk, left)
-        batch = [corpus.event() for _ in range(k)]
-        c0, t0 = _cpu(pg_pid), time.perf_counter()
-        futures = [store.submit(ev, raw) for ev, raw in batch]  # type: ignore[attr-defined]
+    def __init__(self, store: Any, pg_pid: int | None) -> None:
+        self.store = store
+        self.pg_pid = pg_pid
+        self.got = 0
+
+    async def load(self, start: int, end: int, events: EventSet) -> ChunkLoad:
+        from engram.nip01 import Event
+        from relay.store import SaveStatus
+
+        decoded = [msgspec.json.decode(raw, type=Event) for raw in events.raw]
+        c0, t0 = self.cpu(), time.perf_counter()
+        futures = [self.store.submit(ev, raw) for ev, raw in zip(decoded, events.raw, strict=True)]
         results = await asyncio.gather(*futures)
-        wall += time.perf_counter() - t0
-        cpu += _cpu(pg_pid) - c0
-        bad = [r for r in results if r.status is SaveStatus.ERROR]
-        if bad:
-            raise RuntimeError(f"load failed: {bad[0].message}")
-        left -= k
-    return wall, cpu
+        wall, cpu = time.perf_counter() - t0, self.cpu() - c0
+        errors = Counter(r.message for r in results if r.status is SaveStatus.ERROR)
+        return ChunkLoad(start, end, wall, cpu, errors)
+
+    def cpu(self) -> float:
+        return time.process_time() + (Watch.tree_cpu(self.pg_pid) or 0.0)
+
+    def prepare(self, runs: list[tuple[str, str, dict[str, Any]]]) -> list[Any]:
+        from relay.config import Limits
+        from relay.filters import parse_filter
+
+        return [(verb, [parse_filter(f, Limits())]) for _, verb, f in runs]
+
+    async def ask(self, prepared: Any) -> tuple[float, str]:
+        from relay.store import StoreError
+
+        verb, filters = prepared
+        t0 = time.perf_counter()
+        try:
+            if verb == "COUNT":
+                await self.store.count(filters)
+            else:
+                self.got += len(await self.store.query(filters))
+            outcome = "EOSE" if verb == "REQ" else "COUNT"
+        except StoreError as exc:
+            outcome = f"CLOSED {exc}"
+        return time.perf_counter() - t0, outcome
+
+    def returned(self) -> int:
+        return self.got
+
+    async def close(self) -> None:
+        await self.store.close()
+
+
+# --- one corpus -----------------------------------------------------------------------
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -257,234 +244,209 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-async def _queries(
-    store: object, corpus: Corpus, reps: int, rng: random.Random, pg_pid: int | None = None
-) -> dict[str, tuple[list[float], float]]:
-    """Latency samples (ms) and relay+PostgreSQL CPU (us) per query; parameters drawn anew
-    for every run. CPU is what contention on a shared machine inflates least."""
-    assert corpus._authors is not None
-    top_p = [p for p, _ in corpus.p_count.most_common(5)]
-    top_t = [t for t, _ in corpus.t_count.most_common(5)]
-    top_a = [a for a, _ in corpus.a_count.most_common(5)]
-    # `until` of page 50 (20 a page) of each top author's history, read once up front.
-    until: dict[str, int] = {}
-    for a in top_a:
-        rows = await store.query([Filter(authors=[a], limit=1000)])  # type: ignore[attr-defined]
-        if len(rows) >= 981:
-            until[a] = msgspec.json.decode(rows[980])["created_at"]
-    pick_author = corpus._authors
-    search_word = corpus.word(SEARCH_RANK)
+async def time_shapes(target: Any, picks: Picks, reps: int, seed: int) -> dict[str, Shape]:
+    """Every shape, one REQ at a time: latency (ms), CPU per query (us), outcomes."""
+    import random
 
-    def make(name: str) -> tuple[list[Filter], str | None, bool]:
-        if name == "authors":
-            return [Filter(authors=[corpus.pubkeys[pick_author()]], limit=10)], None, False
-        if name == "#p popular":
-            return [Filter(tags={"p": [rng.choice(top_p)]}, limit=50)], None, False
-        if name == "#t popular":
-            return [Filter(tags={"t": [rng.choice(top_t)]}, limit=50)], None, False
-        if name == "deep page":
-            a = rng.choice(list(until) or top_a)
-            return [Filter(authors=[a], until=until.get(a), limit=20)], None, False
-        if name == "feed 20":
-            feed = list(dict.fromkeys(corpus.pubkeys[pick_author()] for _ in range(40)))[:20]
-            return [Filter(authors=feed, kinds=[1], limit=50)], None, False
-        if name == "head":
-            agent, d = rng.choice(corpus.heads)
-            f = Filter(kinds=[30174], authors=[agent], tags={"p": [agent], "d": [d]}, limit=1)
-            return [f], agent, False
-        if name == "COUNT":
-            return [Filter(kinds=[7], tags={"e": [rng.choice(corpus.reacted)]})], None, True
-        return [Filter(search=search_word, limit=20)], None, False
-
-    out: dict[str, tuple[list[float], float]] = {}
-    for name in QUERIES:
-        samples: list[float] = []
-        cpu = 0.0
-        for i in range(reps + 10):
-            if i == 10:
-                cpu = _cpu(pg_pid)
-            filters, viewer, count = make(name)
-            t0 = time.perf_counter()
-            if count:
-                await store.count(filters, viewer=viewer)  # type: ignore[attr-defined]
-            else:
-                await store.query(filters, viewer=viewer)  # type: ignore[attr-defined]
-            if i >= 10:  # the first runs prepare statements
-                samples.append((time.perf_counter() - t0) * 1000)
-        out[name] = samples, (_cpu(pg_pid) - cpu) / reps * 1e6
+    rng = random.Random(f"runs/{seed}/{picks.size}")
+    out: dict[str, Shape] = {}
+    for k, shape in enumerate(SHAPES):
+        values = picks.values.get(shape) or []
+        res = out[shape] = Shape()
+        counts = picks.matches.get(shape)
+        if counts:
+            res.matches = (min(counts), max(counts))
+        if not values:
+            res.outcomes["no value of this class in the corpus"] += 1
+            continue
+        warm = min(WARMUP, reps)
+        runs = []
+        for i in range(warm + reps):
+            verb, f = request(shape, rng.choice(values))
+            runs.append((f"s{k}-{i}", verb, f))
+        prepared = target.prepare(runs)
+        for p in prepared[:warm]:
+            await target.ask(p)
+        got0, cpu0 = target.returned(), target.cpu()
+        samples = []
+        for p in prepared[warm:]:
+            elapsed, outcome = await target.ask(p)
+            samples.append(elapsed * 1e3)
+            res.outcomes[outcome] += 1
+        res.cpu_us = (target.cpu() - cpu0) / reps * 1e6
+        res.returned = target.returned() - got0
+        res.p50 = statistics.median(samples)
+        res.p99 = _pct(samples, 0.99)
     return out
 
 
-def run_scale(
-    sizes: list[int], reps: int, seed: int, say: Callable[[str], None], keep: bool = False
-) -> list[Step]:
-    """Start an embedded PostgreSQL, run the steps on a fresh database, stop it (`keep`:
-    leave it running with the loaded store, to look at plans afterwards)."""
-    from bench.peers import Postgres
+def dir_bytes(path: Path) -> int:
+    total = 0
+    for where, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(where, name)).st_size
+    return total
 
-    root = Path(tempfile.mkdtemp(prefix="engram-bench-scale-"))
+
+async def measure_disk(admin: Any, pgdata: Path) -> Disk:
+    disk = Disk(dir_bytes(pgdata), dir_bytes(pgdata / "pg_wal"))
+    disk.database = await admin.fetchval("SELECT pg_database_size(current_database())")
+    for table in TABLES:
+        heap, total, indexes = await admin.fetchrow(
+            "SELECT pg_relation_size(c.oid), pg_total_relation_size(c.oid),"
+            " pg_indexes_size(c.oid) FROM pg_class c WHERE c.relname = $1 AND c.relkind = 'r'",
+            table,
+        ) or (0, 0, 0)
+        disk.relations.append((table, "(total)", total))
+        disk.relations.append((table, "(heap)", heap))
+        disk.relations.append((table, "(toast, maps)", total - heap - indexes))
+        for index, size in await admin.fetch(
+            "SELECT indexrelname, pg_relation_size(indexrelid) FROM pg_stat_user_indexes"
+            " WHERE relname = $1 ORDER BY indexrelname",
+            table,
+        ):
+            disk.relations.append((table, index, size))
+    return disk
+
+
+async def index_use(dsn: str) -> list[tuple[str, str, int, int]]:
+    """Each index of the tables with its size and idx_scan (read after the relay stopped,
+    so its backends have reported their statistics)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT relname, indexrelname, pg_relation_size(indexrelid), idx_scan"
+            " FROM pg_stat_user_indexes WHERE relname = ANY($1::text[])"
+            " ORDER BY relname, indexrelname",
+            list(TABLES),
+        )
+    finally:
+        await conn.close()
+    return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+
+async def _measure(
+    run: CorpusRun,
+    prepared: Prepared,
+    target: Any,
+    dsn: str,
+    pgdata: Path,
+    reps: int,
+    seed: int,
+    say: Callable[[str], None],
+) -> None:
+    import asyncpg
+
+    admin = await asyncpg.connect(dsn)
+    sizes = [p.size for p in prepared.meta.picks]
+    step = Step(sizes[0])
+    t_load = time.perf_counter()
+    try:
+        for start, end, events in prepared.chunks():
+            chunk = await target.load(start, end, events)
+            step.chunks.append(chunk)
+            per = chunk.cpu / chunk.events * 1e6 if chunk.cpu is not None else float("nan")
+            say(
+                f"  {run.corpus}: loaded {end:,} ({chunk.events / chunk.wall:,.0f} ev/s,"
+                f" {per:.0f} us CPU/event, {time.perf_counter() - t_load:.0f} s)"
+            )
+            for why, n in chunk.errors.most_common(3):
+                say(f"    refused x{n}: {why}")
+            if end not in sizes:
+                continue
+            t0 = time.perf_counter()
+            for table in TABLES:
+                await admin.execute(f"VACUUM ANALYZE {table}")
+            step.vacuum_seconds = time.perf_counter() - t0
+            step.rows = await admin.fetchval("SELECT count(*) FROM events")
+            step.disk = await measure_disk(admin, pgdata)
+            say(
+                f"  {run.corpus} {size_label(end)}: {step.rows:,} rows, data directory"
+                f" {step.disk.datadir / 2**20:,.0f} MB (WAL {step.disk.wal / 2**20:,.0f} MB);"
+                f" timing {len(SHAPES)} shapes x {reps} REQs ..."
+            )
+            step.shapes = await time_shapes(target, prepared.picks(end), reps, seed)
+            for shape, res in step.shapes.items():
+                say("    " + _shape_line(shape, res))
+            run.steps.append(step)
+            if end != sizes[-1]:
+                step = Step(next(s for s in sizes if s > end))
+    finally:
+        await admin.close()
+        await target.close()
+
+
+def _shape_line(shape: str, r: Shape) -> str:
+    if r.p50 is None:
+        return f"{shape:15s} -  ({', '.join(r.outcomes)})"
+    odd = {k: n for k, n in r.outcomes.items() if k not in ("EOSE", "COUNT")}
+    return f"{shape:15s} p50 {r.p50:8.2f} ms  p99 {r.p99:8.2f} ms  CPU {r.cpu_us:8.0f} us" + (
+        f"  {odd}" if odd else ""
+    )
+
+
+def run_corpus(
+    prepared: Prepared, reps: int, seed: int, via: str, keep: bool, say: Callable[[str], None]
+) -> CorpusRun:
+    """A fresh embedded PostgreSQL (and relay), loaded and timed; stopped unless `keep`."""
+    from bench.peers import Postgres, start_engram
+
+    run = CorpusRun(prepared.corpus)
+    root = Path(tempfile.mkdtemp(prefix=f"engram-bench-scale-{prepared.corpus}-"))
     pg = Postgres(root, cleanup_mode=None if keep else "delete")
     try:
-        dsn, _ = pg.create_database()
+        dsn, _drop = pg.create_database()
+        run.server = pg.settings()
+        relay = None
+        if via == "ws":
+            relay = start_engram(root / "relay", ["--database-url", dsn])
+            say(f"  {run.corpus}: engram serve (pid {relay.pid}) at {relay.url}, {run.server}")
+        try:
+            run_async(_run_target(run, prepared, relay, pg.pid, dsn, pg.pgdata, reps, seed, say))
+        finally:
+            if relay is not None:
+                relay.stop()
+        run.indexes = run_async(index_use(dsn))
         if keep:
-            say(f"database (kept running): {dsn}")
-        return asyncio.run(_run_steps(dsn, pg.pid, sizes, reps, seed, say))
+            from bench.pgcluster import bin_dir
+
+            run.kept = (
+                f'{pg.pgdata}, PostgreSQL running: connect with {bin_dir() / "psql"} "{dsn}";'
+                f" stop with kill -INT {pg.pid} && rm -rf {root}"
+            )
+            say(f"  kept {run.kept}")
     finally:
         if not keep:
             pg.close()
             shutil.rmtree(root, ignore_errors=True)
+    return run
 
 
-async def _run_steps(
-    dsn: str,
+async def _run_target(
+    run: CorpusRun,
+    prepared: Prepared,
+    relay: Any,
     pg_pid: int | None,
-    sizes: list[int],
+    dsn: str,
+    pgdata: Path,
     reps: int,
     seed: int,
     say: Callable[[str], None],
-) -> list[Step]:
-    import asyncpg
+) -> None:
+    if relay is not None:
+        target: Any = RelayTarget(relay.url, relay.pid, pg_pid)
+    else:
+        from relay.config import Settings
+        from relay.store.postgres import PostgresStore
 
-    from relay.store.postgres import PostgresStore
-
-    steps: list[Step] = []
-    store = await PostgresStore.open(dsn, Settings())
-    admin = await asyncpg.connect(dsn)
-    corpus = Corpus(seed)
-    rng = random.Random(seed + 1)
-    loaded = 0
-    empty = Step(0)
-    steps.append(empty)
-    try:
-        for size in sorted(sizes):
-            corpus.grow_authors(authors_for(size))
-            # the probe: the first INGEST_PROBE events on top of the previous size
-            probe = min(INGEST_PROBE, size - loaded)
-            step_from = steps[-1]
-            t0 = time.perf_counter()
-            wall, cpu = await _load(store, corpus, probe, pg_pid)
-            step_from.ingest_rate = probe / wall
-            step_from.ingest_cpu_us = cpu / probe * 1e6
-            say(
-                f"ingest on top of {loaded:,}: {step_from.ingest_rate:,.0f} ev/s,"
-                f" {step_from.ingest_cpu_us:.0f} us CPU/event"
-            )
-            t1 = time.perf_counter()
-            rest = size - loaded - probe
-            while rest > 0:
-                k = min(100_000, rest)
-                await _load(store, corpus, k)
-                rest -= k
-                say(f"  loaded {size - rest:,} of {size:,} ({time.perf_counter() - t1:.0f} s)")
-            loaded = size
-            await admin.execute("VACUUM ANALYZE events")
-            step = Step(size, load_seconds=time.perf_counter() - t0)
-            step.rows = await admin.fetchval("SELECT count(*) FROM events")
-            step.db_mb = await admin.fetchval("SELECT pg_database_size(current_database())")
-            step.db_mb /= 2**20
-            say(f"store: {step.rows:,} rows, {step.db_mb:,.0f} MB; timing queries ...")
-            samples = await _queries(store, corpus, reps, rng, pg_pid)
-            for name, (xs, cpu_us) in samples.items():
-                step.cpu_us[name] = cpu_us
-                step.p50[name] = statistics.median(xs)
-                step.p99[name] = _pct(xs, 0.99)
-                say(
-                    f"  {name:12s} p50 {step.p50[name]:7.2f} ms  p99 {step.p99[name]:7.2f} ms"
-                    f"  CPU {cpu_us:7.0f} us"
-                )
-            steps.append(step)
-        # the probe on top of the largest size
-        wall, cpu = await _load(store, corpus, INGEST_PROBE, pg_pid)
-        steps[-1].ingest_rate = INGEST_PROBE / wall
-        steps[-1].ingest_cpu_us = cpu / INGEST_PROBE * 1e6
-        say(
-            f"ingest on top of {loaded:,}: {steps[-1].ingest_rate:,.0f} ev/s,"
-            f" {steps[-1].ingest_cpu_us:.0f} us CPU/event"
-        )
-    finally:
-        await admin.close()
-        await store.close()
-    return steps
+        target = StoreTarget(await PostgresStore.open(dsn, Settings()), pg_pid)
+    await _measure(run, prepared, target, dsn, pgdata, reps, seed, say)
 
 
-def report(steps: list[Step], argv: list[str], reps: int) -> str:
-    from bench.compare import machine
-
-    sized = [s for s in steps if s.size]
-    first, last = sized[0], sized[-1]
-    head = ["query", *(f"{_n(s.size)} p50 / p99 ms (CPU us)" for s in sized)]
-    head += [f"p99 {_n(last.size)}/{_n(first.size)}", "target"]
-    rows = []
-    for q in QUERIES:
-        cells = [f"{s.p50[q]:.2f} / {s.p99[q]:.2f} ({s.cpu_us[q]:.0f})" for s in sized]
-        ratio = last.p99[q] / first.p99[q] if first.p99[q] else float("inf")
-        ok = ratio <= 2 and last.p99[q] <= TARGET_P99_MS
-        rows.append([q, *cells, f"{ratio:.2f}", "met" if ok else "**missed**"])
-    empty = steps[0].ingest_rate or 0
-    lines = [
-        f"- command: `python -m bench scale{' ' + ' '.join(argv) if argv else ''}`",
-        f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- machine: {machine()}",
-        f"- {reps} runs per query and size, one client, through PostgresStore.query/count;"
-        " signatures are random bytes (the store never verifies them)",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-        *("| " + " | ".join(r) + " |" for r in rows),
-        "",
-        "| store | rows | database MB | load s | ingest ev/s on top | CPU us/event | vs empty |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for s in steps:
-        rate = s.ingest_rate
-        rel = f"{rate / empty:.2f}" if rate and empty else "-"
-        lines.append(
-            f"| {_n(s.size) if s.size else 'empty'} | {s.rows:,} | {s.db_mb:,.0f} |"
-            f" {s.load_seconds:.0f} | {rate or 0:,.0f} | {s.ingest_cpu_us or 0:.0f} | {rel} |"
-        )
-    return "\n".join(lines)
-
-
-def write_charts(steps: list[Step], directory: Path) -> list[Path]:
-    sized = [s for s in steps if s.size]
-    xs = [float(s.size) for s in sized]
-    out = []
-    p = charts.lines(
-        directory / "scale-p99.png",
-        "p99 read latency against store size (ms)",
-        xs,
-        {q: [s.p99[q] for s in sized] for q in QUERIES},
-        "events in the store",
-        "p99 ms",
-        limit=TARGET_P99_MS,
-    )
-    if p:
-        out.append(p)
-    p = charts.lines(
-        directory / "scale-cpu.png",
-        "relay+PostgreSQL CPU per query against store size (us)",
-        xs,
-        {q: [s.cpu_us.get(q) for s in sized] for q in QUERIES},
-        "events in the store",
-        "CPU us per query",
-    )
-    if p:
-        out.append(p)
-    ing = [s for s in steps if s.ingest_rate]
-    p = charts.bars(
-        directory / "scale-ingest.png",
-        "ingest rate on top of each store size (events/s)",
-        [_n(s.size) if s.size else "empty" for s in ing],
-        {"ev/s": [s.ingest_rate for s in ing]},
-        "events/s",
-    )
-    if p:
-        out.append(p)
-    return out
-
-
-def _n(x: int) -> str:
-    return f"{x // 1_000_000}M" if x >= 1_000_000 else f"{x // 1000}k"
+# --- command line -------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -497,27 +459,57 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--sizes",
         default=",".join(map(str, DEFAULT_SIZES)),
-        help="store sizes in events, comma-separated (each at least 10000)",
+        help="store sizes in events, comma-separated",
     )
-    ap.add_argument("--reps", type=int, default=300, help="runs per query and size")
+    ap.add_argument("--corpus", choices=(*CORPORA, "both"), default="both")
+    ap.add_argument("--reps", type=int, default=300, help="timed runs per shape and size")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument(
-        "--keep", action="store_true", help="leave PostgreSQL running with the store afterwards"
+        "--chunk", type=int, default=CHUNK, help="events per measured ingest chunk (and cache file)"
+    )
+    ap.add_argument(
+        "--via",
+        choices=("ws", "store"),
+        default="ws",
+        help="ws: engram serve through its websocket (default); store: the store API in-process",
+    )
+    ap.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave each corpus's PostgreSQL running with its data directory, for EXPLAIN",
     )
     ap.add_argument("--results", type=Path, help="write the tables into this markdown file")
     ap.add_argument(
         "--charts", type=Path, help="directory for the PNG charts (default: next to --results)"
     )
     args = ap.parse_args(argv)
-    sizes = sorted({int(s) for s in args.sizes.split(",") if s})
-    if not sizes or sizes[0] < INGEST_PROBE:
-        ap.error(f"sizes must be at least {INGEST_PROBE}")
+    try:
+        sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    except ValueError:
+        ap.error(f"--sizes: expected comma-separated integers, got {args.sizes!r}")
+    if not sizes or sizes[0] < 1:
+        ap.error("--sizes: every size must be at least 1")
+    if args.reps < 1 or args.chunk < 1:
+        ap.error("--reps and --chunk must be at least 1")
+    names = CORPORA if args.corpus == "both" else (args.corpus,)
+    say = lambda s: print(s, flush=True)  # noqa: E731
+    before = os.getloadavg()
+    say(f"load average before the run: {', '.join(f'{x:.2f}' for x in before)}")
     t0 = time.monotonic()
-    steps = run_scale(sizes, args.reps, args.seed, lambda s: print(s, flush=True), keep=args.keep)
-    text = report(steps, argv, args.reps)
+    runs = []
+    for name in names:
+        t = time.monotonic()
+        prepared = corpus.prepare(name, args.seed, sizes, args.chunk, say)
+        say(
+            f"{name}: {sizes[-1]:,} signed events ready in {time.monotonic() - t:.0f} s"
+            f" ({prepared.directory})"
+        )
+        runs.append(run_corpus(prepared, args.reps, args.seed, args.via, args.keep, say))
+    after = os.getloadavg()
+    text = report(runs, argv, args.reps, args.via, args.chunk, (before, after))
     directory = args.charts or (args.results.parent if args.results else None)
     if directory is not None:
-        made = write_charts(steps, directory)
+        made = write_charts(runs, directory)
         if made:
             text += "\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in made)
             print("charts: " + ", ".join(map(str, made)))

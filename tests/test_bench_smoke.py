@@ -6,6 +6,7 @@ only make the suite notice when `python -m bench` itself breaks.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -116,3 +117,63 @@ def test_store_insert_bench_runs(pg_server_url: str) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "[copy], kind 1" in out.stdout and "'stored': 40" in out.stdout
+
+
+def test_bench_scale_end_to_end(tmp_path: Path) -> None:
+    """`bench scale` at a tiny size: both corpora signed and cached, loaded through a real
+    `engram serve`, every shape answered, the report written between its markers."""
+    from bench.corpus import CORPORA, SHAPES
+    from bench.scale import BEGIN, END
+
+    results = tmp_path / "RESULTS.md"
+    results.write_text(f"# notes\n\n{BEGIN}\nold\n{END}\n\nafter\n")
+    env = {**os.environ, "ENGRAM_BENCH_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "bench", "scale", "--sizes", "300", "--reps", "3"]
+    proc = subprocess.run(
+        [*cmd, "--results", str(results)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "load average before the run:" in proc.stdout, out
+    assert "engram serve (pid" in proc.stdout, out
+    text = results.read_text()
+    assert "old" not in text and "after" in text and "# notes" in text
+    assert "load average (1, 5, 15 min): before" in text
+    for name in CORPORA:
+        assert f"### corpus: {name}" in text, text
+        assert list((tmp_path / "cache").glob(f"scale-{name}-s1-n300-*/upto-0000000300.msgpack"))
+    section = {name: text.split(f"### corpus: {name}")[1] for name in CORPORA}
+    for name, body in section.items():
+        for shape in SHAPES:  # every shape answered: p50 / p99 figures, not "-"
+            row = re.search(rf"^\| `{re.escape(shape)}` \|[^|]*\| ([\d.]+) / ([\d.]+) ", body, re.M)
+            assert row, f"{name} {shape}:\n{body}"
+        # every EVENT stored (no refusals), replaceable events replacing older versions
+        rows = re.search(r"^\| 300 \| ([\d,]+) \|", body, re.M)
+        assert rows and 250 <= int(rows.group(1).replace(",", "")) <= 300, body
+        assert "EVENTs refused" not in body and "no answer" not in body, body
+        # disk: data directory and WAL, and each index with its idx_scan
+        assert re.search(r"^\| events \| events_pkey \| [\d.]+ \| [\d,]+ \| [\d,]+ \|", body, re.M)
+        assert re.search(r"^\| event_tags \| event_tags_time \| ", body, re.M), body
+        assert "CPU per EVENT" in body, body
+
+
+def test_scale_report_compares_first_and_last_chunks() -> None:
+    """Ingest drift: CPU per EVENT over the first `window` events against the last, whole
+    chunks only; the latency target is issue 25's max(2 x smallest size's p99, 15 ms)."""
+    from bench.scalereport import ChunkLoad, drift, target_met
+
+    bounds = [0, 10_000, 100_000, *range(200_000, 1_000_001, 100_000)]
+    chunks = [
+        ChunkLoad(a, b, 1.0, (b - a) * (100e-6 if b <= 100_000 else 120e-6))
+        for a, b in itertools.pairwise(bounds)
+    ]
+    first, last, n_first, n_last = drift(chunks, 100_000)
+    assert (n_first, n_last) == (100_000, 100_000)
+    assert round(first or 0) == 100 and round(last or 0) == 120
+    assert target_met(2.0, 15.0) == "met" and target_met(10.0, 20.0) == "met"
+    assert target_met(10.0, 20.5) == "**missed**" and target_met(None, 1.0) == "-"
