@@ -287,8 +287,9 @@ def start_engram(workdir: Path, args: list[str], env: dict[str, str] | None = No
     """`engram serve` of this checkout on a free port, ready (its /healthz answers)."""
     port = free_port()
     cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), *args]
-    # the relay runs in `workdir`: put this checkout first, not whichever one is installed
-    root = str(Path(__file__).resolve().parents[1])
+    # the relay runs in `workdir`: put this checkout first, not whichever one is installed;
+    # ENGRAM_BENCH_RELAY_ROOT names another checkout (a before/after run with one harness)
+    root = os.environ.get("ENGRAM_BENCH_RELAY_ROOT") or str(Path(__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     env = {**(env or {}), "PYTHONPATH": path}
     run = Running("engram-relay", f"ws://127.0.0.1:{port}", _spawn(cmd, workdir, env), workdir)
