@@ -1,0 +1,293 @@
+"""NIP-70 protected events and private kinds (direct messages, gift wraps) end to end:
+real relay processes on PostgreSQL, several tenants, two nodes for the live path.
+
+Private kinds are served only to a connection AUTHed as the author or the recipient (the
+first `p`), on REQ, COUNT, NIP-77, search and live fan-out, as engrams are; a filter that
+names no kind never returns or delivers them to anyone else. No test waits for silence:
+a public marker published after the private event shows a live subscription is past it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import msgspec
+import pytest
+from negentropy_support import neg_reply, reconcile
+from nostr_client import Client
+from nostr_sdk import EventBuilder, Keys, Kind, Tag
+
+from engram.negentropy import Items, Negentropy
+from engram.nip01 import Event, pubkey_of, sign_event
+
+AUX = bytes(32)
+SENDER, RECIPIENT, THIRD, WRAPPER = ((0x9E1A7000 + i).to_bytes(32, "big") for i in range(4))
+S, R, T = pubkey_of(SENDER), pubkey_of(RECIPIENT), pubkey_of(THIRD)
+EMPTY = Negentropy(Items.from_pairs([])).initiate().hex()
+
+
+def ev(sk: bytes, kind: int = 1, tags=(), content: str = "") -> Event:
+    return sign_event(sk, int(time.time()), kind, [list(t) for t in tags], content, AUX)
+
+
+def ids(events: list[dict[str, Any]]) -> set[str]:
+    return {e["id"] for e in events}
+
+
+def tenant_cli(db_url: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli.main", "tenant", *args, "--database-url", db_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+async def connect(port: int, host: str, key: bytes | None = None) -> Client:
+    """A client whose Host header is `host`, AUTHed as `key` if given."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    c = await Client.connect(f"ws://{host}:{port}", sock=sock)
+    assert c.challenge  # the relay sends its AUTH challenge first, always
+    if key is not None:
+        assert (await c.auth(key, f"ws://{host}:{port}", int(time.time())))[2] is True
+    return c
+
+
+async def count(c: Client, *filters: dict[str, Any]) -> list[Any]:
+    await c.send(["COUNT", "n", *filters])
+    while True:
+        msg = await c.recv()
+        if msg[0] in ("COUNT", "CLOSED") and msg[1] == "n":
+            return msg
+        c.backlog.append(msg)
+
+
+def nip11_name(port: int, host: str) -> str | None:
+    """The tenant's NIP-11 name (None while the relay does not serve `host` yet)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", "/", headers={"Host": host, "Accept": "application/nostr+json"})
+    resp = conn.getresponse()
+    body = resp.read()
+    return str(json.loads(body)["name"]) if resp.status == 200 else None
+
+
+def wait_for_name(port: int, host: str, name: str, timeout: float = 120.0) -> None:
+    """Until the relay has reloaded the tenant configuration that gave `host` `name`."""
+    deadline = time.monotonic() + timeout
+    while nip11_name(port, host) != name:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{host} is not named {name!r} in time")
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def tenants(start_relay):
+    """a.test keeps the default private kinds (4, 1059, 1060); on b.test only kind 1 is."""
+    rp = start_relay(env={"ENGRAM_TENANT_REFRESH_SECONDS": "0.5"})
+    tenant_cli(rp.database_url, "add", "a.test")
+    tenant_cli(rp.database_url, "add", "b.test", "--limit", "private_kinds=1", "--name", "B")
+    wait_for_name(rp.port, "b.test", "B")  # added last: its reload carries both
+    return rp
+
+
+async def test_nip70_protected_events(tenants):
+    """`["-"]` (built by nostr-sdk's Tag.protected()): only from a connection AUTHed as
+    its author; not AUTHed: auth-required (the challenge came at connect); AUTHed as
+    someone else: restricted. Reading it is not restricted."""
+    port = tenants.port
+    keys = Keys.parse(SENDER.hex())
+    sdk = EventBuilder(Kind(1), "only I publish this").tags([Tag.protected()]).finalize(keys)
+    protected = msgspec.json.decode(sdk.as_json(), type=Event)
+    assert protected.tags == [["-"]] and protected.pubkey == S
+    anon, other, author = (
+        await connect(port, "a.test"),
+        await connect(port, "a.test", THIRD),
+        await connect(port, "a.test", SENDER),
+    )
+    try:
+        ok = await anon.publish(protected)
+        assert ok[2] is False and ok[3].startswith("auth-required:") and "NIP-70" in ok[3]
+        ok = await other.publish(protected)
+        assert ok[2] is False and ok[3].startswith("restricted:") and "NIP-70" in ok[3]
+        assert await anon.query({"ids": [protected.id]}) == []  # nothing was stored
+        assert await author.publish(protected) == ["OK", protected.id, True, ""]
+        assert ids(await anon.query({"ids": [protected.id]})) == {protected.id}
+        ok = await other.publish(protected)  # stored already: still not theirs to send
+        assert ok[2] is False and ok[3].startswith("restricted:")
+        plain = ev(SENDER, content="not protected")
+        assert (await anon.publish(plain))[2] is True
+    finally:
+        for c in (anon, other, author):
+            await c.close()
+    # AUTH is per tenant: the author's AUTH on a.test does not let b.test take it unAUTHed
+    async with await connect(port, "b.test") as b:
+        ok = await b.publish(protected)
+        assert ok[2] is False and ok[3].startswith("auth-required:")
+
+
+async def test_private_kinds_req_count_search_negentropy(tenants):
+    """On a tenant with the default private kinds: refused without AUTH when named,
+    restricted for a third key, absent from every filter that names no kind (ids,
+    authors, `#p`, search, COUNT, NIP-77), served to the author and the recipient."""
+    port = tenants.port
+    dm = ev(SENDER, 4, [("p", R)], "meet at the secret rendezvous")
+    wrap = ev(WRAPPER, 1059, [("p", R)], "sealed rendezvous")  # a gift wrap: random key
+    note = ev(SENDER, 1, [("p", R)], "a public rendezvous note")
+    private = {dm.id, wrap.id}
+    anon = await connect(port, "a.test")
+    third = await connect(port, "a.test", THIRD)
+    recipient = await connect(port, "a.test", RECIPIENT)
+    sender = await connect(port, "a.test", SENDER)
+    try:
+        for e in (dm, wrap, note):
+            assert (await anon.publish(e))[2] is True  # anyone may send them
+        for flt in ({"kinds": [4]}, {"kinds": [1059], "#p": [R]}, {"kinds": [1, 4]}):
+            _, end = await anon.req("p", flt)
+            assert end[0] == "CLOSED" and end[2].startswith("auth-required:"), end
+            assert (await count(anon, flt))[2].startswith("auth-required:")
+            await anon.send(["NEG-OPEN", "g", flt, EMPTY])
+            err = await neg_reply(anon, "g")
+            assert err[0] == "NEG-ERR" and err[2].startswith("auth-required:")
+        for flt in ({"kinds": [4], "#p": [R]}, {"kinds": [1059], "#p": [R]}):
+            _, end = await third.req("p", flt)
+            assert end[0] == "CLOSED" and end[2].startswith("restricted:"), end
+        for c in (anon, third):
+            everything = [{}, {"ids": sorted(private)}, {"authors": [S]}, {"#p": [R]}]
+            for flt in everything:
+                assert not private & ids(await c.query(flt)), flt
+            assert ids(await c.query({"search": "rendezvous"})) == {note.id}
+            assert await count(c, {"ids": sorted(private)}) == ["COUNT", "n", {"count": 0}]
+            assert await count(c, {"#p": [R]}) == ["COUNT", "n", {"count": 1}]
+            _, need, _ = await reconcile(c, Items.from_pairs([]), {"#p": [R]})
+            assert need == {note.id}
+
+        both = {"kinds": [4, 1059], "#p": [R]}
+        assert ids(await recipient.query(both)) == private
+        assert ids(await recipient.query({"ids": sorted(private)})) == private
+        assert ids(await recipient.query({"#p": [R]})) == private | {note.id}
+        assert await count(recipient, both) == ["COUNT", "n", {"count": 2}]
+        search = {"search": "rendezvous", "kinds": [4], "#p": [R]}
+        assert ids(await recipient.query(search)) == {dm.id}
+        _, need, _ = await reconcile(recipient, Items.from_pairs([]), both)
+        assert need == private
+        # the sender wrote the DM (its author); the gift wrap is the wrapper key's
+        assert ids(await sender.query({"kinds": [4], "authors": [S]})) == {dm.id}
+        assert ids(await sender.query({"ids": sorted(private)})) == {dm.id}
+    finally:
+        for c in (anon, third, recipient, sender):
+            await c.close()
+
+    # b.test: kind 1 is private there, kind 4 is not
+    b_anon = await connect(port, "b.test")
+    b_third = await connect(port, "b.test", THIRD)
+    try:
+        for e in (dm, note):
+            assert (await b_anon.publish(e))[2] is True
+        assert ids(await b_anon.query({"kinds": [4]})) == {dm.id}
+        _, end = await b_anon.req("p", {"kinds": [1]})
+        assert end[0] == "CLOSED" and end[2].startswith("auth-required:")
+        assert ids(await b_third.query({"authors": [S]})) == {dm.id}
+    finally:
+        for c in (b_anon, b_third):
+            await c.close()
+
+    # the operator makes kind 4 private on b.test too: at once, for events stored before
+    db = tenants.database_url
+    bad = tenant_cli(db, "set", "b.test", "--limit", "private_kinds=4,x", check=False)
+    assert bad.returncode == 1 and "comma-separated list of kinds" in bad.stderr
+    bad = tenant_cli(db, "set", "b.test", "--limit", "private_kinds=70000", check=False)
+    assert bad.returncode == 1 and "between 0 and 65535" in bad.stderr
+    tenant_cli(db, "set", "b.test", "--limit", "private_kinds=1,4", "--name", "B2")
+    shown = json.loads(tenant_cli(db, "show", "b.test").stdout)
+    assert shown["limits"]["private_kinds"] == [1, 4]
+
+    await asyncio.to_thread(wait_for_name, port, "b.test", "B2")
+    b_anon = await connect(port, "b.test")
+    b_recipient = await connect(port, "b.test", RECIPIENT)
+    try:
+        _, end = await b_anon.req("p", {"kinds": [4]})
+        assert end[0] == "CLOSED" and end[2].startswith("auth-required:")
+        assert await b_anon.query({"authors": [S]}) == []
+        assert ids(await b_recipient.query({"kinds": [1, 4], "#p": [R]})) == {dm.id, note.id}
+    finally:
+        for c in (b_anon, b_recipient):
+            await c.close()
+
+
+async def next_event(c: Client, sub_id: str) -> dict[str, Any]:
+    while True:
+        msg = await c.recv()
+        if msg[0] == "EVENT" and msg[1] == sub_id:
+            return dict(msg[2])
+
+
+async def test_private_kinds_live_on_two_nodes(start_relay):
+    """Live fan-out, on the node that stored the DM and on another node (the bus): the
+    recipient gets it, with or without naming a kind; the third key and an anonymous
+    `{}` subscription get the public marker published after it, and never the DM."""
+    env = {"ENGRAM_BUS_POLL_SECONDS": "0.2"}
+    one = start_relay(env=env)
+    two = start_relay(env=env, database_url=one.database_url)
+    subs: list[tuple[Client, str, dict[str, Any], bool]] = []
+    for rp in (one, two):
+        url = rp.url
+        host = url.removeprefix("ws://").split(":")[0]
+        for key, flt, sees in (
+            (None, {}, False),
+            (THIRD, {}, False),
+            (THIRD, {"authors": [S]}, False),
+            (RECIPIENT, {"#p": [R]}, True),
+            (RECIPIENT, {"kinds": [4], "#p": [R]}, True),
+        ):
+            c = await connect(rp.port, host, key)
+            _, end = await c.req("live", flt)
+            assert end[0] == "EOSE"
+            subs.append((c, "live", flt, sees))
+    try:
+        async with await connect(one.port, "127.0.0.1") as w:
+            dm = ev(SENDER, 4, [("p", R)], "live secret")
+            marker = ev(SENDER, 1, [("p", R)], "public marker")
+            assert (await w.publish(dm))[2] is True
+            assert (await w.publish(marker))[2] is True
+        for c, sub_id, flt, sees in subs:
+            first = await next_event(c, sub_id)
+            if sees and "kinds" in flt:
+                assert first["id"] == dm.id, flt
+            elif sees:
+                assert [first["id"], (await next_event(c, sub_id))["id"]] == [dm.id, marker.id]
+            else:
+                assert first["id"] == marker.id, flt  # the DM went before it, not to them
+    finally:
+        for c, *_ in subs:
+            await c.close()
+
+
+async def test_migration_fills_the_recipient_of_stored_private_events(start_relay):
+    """0025: rows of the default private kinds stored before it get their recipient."""
+    rp = start_relay()
+    dm = ev(SENDER, 4, [("e", "00" * 32), ("p", R), ("p", T)], "before the upgrade")
+    odd = ev(SENDER, 1059, [("p", "not a key"), ("p", R)], "first p is no key")
+    async with await Client.connect(rp.url) as c:
+        for e in (dm, odd):
+            assert (await c.publish(e))[2] is True
+    sql = Path(__file__).parent.parent / "migrations" / "0025_private_kinds_owner.sql"
+    conn = await asyncpg.connect(rp.database_url)
+    try:
+        await conn.execute("UPDATE events SET owner = NULL")  # as stored before 0025
+        await conn.execute(sql.read_text())
+        rows = dict(await conn.fetch("SELECT id, owner FROM events"))
+    finally:
+        await conn.close()
+    assert rows == {bytes.fromhex(dm.id): bytes.fromhex(R), bytes.fromhex(odd.id): None}
