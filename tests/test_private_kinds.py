@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,21 @@ import msgspec
 import pytest
 from negentropy_support import neg_reply, reconcile
 from nostr_client import Client
-from nostr_sdk import EventBuilder, Keys, Kind, Tag
+from nostr_sdk import (
+    ClientBuilder,
+    EventBuilder,
+    Filter,
+    Keys,
+    Kind,
+    RelayUrl,
+    ReqTarget,
+    SignerAuthenticator,
+    Tag,
+    UnwrappedGift,
+    nip17_make_private_msg,
+    uniffi_set_event_loop,
+)
+from relay_fixtures import until
 
 from engram.negentropy import Items, Negentropy
 from engram.nip01 import Event, pubkey_of, sign_event
@@ -291,3 +306,92 @@ async def test_migration_fills_the_recipient_of_stored_private_events(start_rela
     finally:
         await conn.close()
     assert rows == {bytes.fromhex(dm.id): bytes.fromhex(R), bytes.fromhex(odd.id): None}
+
+
+class SdkClient:
+    """A nostr-sdk Client (AUTHing on its own when given keys) and every relay message it
+    received, as JSON, collected from its notifications."""
+
+    def __init__(self, client: Any, keys: Keys | None) -> None:
+        self.client, self.keys = client, keys
+        self.messages: list[list[Any]] = []
+        self.events: list[str] = []  # ids delivered to its subscriptions
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, url: str, keys: Keys | None = None) -> SdkClient:
+        builder = ClientBuilder()
+        if keys is not None:  # NIP-42: the SDK answers the relay's challenge itself
+            builder = builder.authenticator(SignerAuthenticator(keys))
+        c = cls(builder.build(), keys)
+        notifications = c.client.notifications()
+        c._task = asyncio.create_task(c._collect(notifications))
+        await c.client.add_relay(RelayUrl.parse(url))
+        await c.client.connect()
+        return c
+
+    async def _collect(self, notifications: Any) -> None:
+        while True:
+            n = await notifications.next()
+            if n is None:
+                return
+            if n.is_MESSAGE():
+                self.messages.append(json.loads(n.message.as_json()))
+            elif n.is_NEW_EVENT():
+                self.events.append(n.event.id().to_hex())
+
+    async def fetch(self, flt: Filter) -> list[str]:
+        got = await self.client.fetch_events(ReqTarget.auto([flt]), timedelta(seconds=60))
+        return [e.id().to_hex() for e in got]
+
+    def closed(self) -> list[str]:
+        return [m[2] for m in self.messages if m[0] == "CLOSED"]
+
+    async def close(self) -> None:
+        await self.client.disconnect()
+        if self._task is not None:
+            self._task.cancel()
+
+
+async def test_nostr_sdk_private_message_reaches_only_its_recipient(start_relay):
+    """NIP-17 through a real relay process, every side a nostr-sdk client: the sender's
+    gift wrap (`nip17_make_private_msg`) is published without AUTH; the recipient's
+    client, AUTHing on its own when the relay asks, receives it live and stored and
+    unwraps the message; a third key's client, AUTHed or not, gets nothing, by id or by
+    kind and `#p`."""
+    uniffi_set_event_loop(asyncio.get_running_loop())  # the SDK calls back into Python
+    rp = start_relay()
+    sender, recipient, third = (Keys.parse(k.hex()) for k in (SENDER, RECIPIENT, THIRD))
+    inbox = Filter().kind(Kind(1059)).pubkey(recipient.public_key())
+    bob = await SdkClient.open(rp.url, recipient)
+    alice = await SdkClient.open(rp.url)
+    strangers = [await SdkClient.open(rp.url, third), await SdkClient.open(rp.url)]
+    try:
+        await bob.client.subscribe(ReqTarget.auto([inbox]))
+        # its first REQ met "auth-required:"; it AUTHed and subscribed again: EOSE
+        await until(lambda: any(m[0] == "EOSE" for m in bob.messages), "bob's EOSE")
+        assert any(c.startswith("auth-required:") for c in bob.closed())
+        wrap = nip17_make_private_msg(sender, recipient.public_key(), "meet me at noon")
+        assert wrap.kind().as_u16() == 1059
+        out = await alice.client.send_event(wrap)
+        assert [str(u) for u in out.success] and not out.failed
+        wrap_id = wrap.id().to_hex()
+        await until(lambda: wrap_id in bob.events, "bob got the gift wrap live")
+        assert await bob.fetch(inbox) == [wrap_id]
+        gift = UnwrappedGift.from_gift_wrap(recipient, wrap)
+        assert gift.rumor().content() == "meet me at noon"
+        assert gift.sender().to_hex() == sender.public_key().to_hex()
+
+        for who in strangers:
+            assert await who.fetch(Filter().id(wrap.id())) == []
+            assert await who.fetch(inbox) == []
+            assert await who.fetch(Filter().pubkey(recipient.public_key())) == []
+            assert wrap_id not in who.events
+        authed, anon = strangers
+        # the third key did AUTH (refused as someone else); the other never could
+        assert any(c.startswith("restricted:") for c in authed.closed())
+        assert not any(c.startswith("restricted:") for c in anon.closed())
+        assert any(c.startswith("auth-required:") for c in anon.closed())
+    finally:
+        for c in (bob, alice, *strangers):
+            await c.close()
