@@ -136,6 +136,8 @@ async def test_every_dashboard_metric_is_exported_by_the_relay(start_relay, pg_s
             carried = samples.get(name) or set()
             for label in (matched | grouped) - TARGET_LABELS - {"le"}:
                 assert label in carried, f"{name} has no label {label!r}"
+            if "tenant" in carried:  # per tenant where the metric has the label
+                assert "tenant" in matched, f"{name} is not filtered by the Tenant selector"
     # the list: each is on the dashboard
     for wanted in (
         "engram_connections",
@@ -152,7 +154,7 @@ async def test_every_dashboard_metric_is_exported_by_the_relay(start_relay, pg_s
         assert wanted in names, wanted
 
 
-def test_dashboard_panels_use_the_datasource_and_tenant_variables() -> None:
+def test_dashboard_panels_use_the_datasource_and_node_variables() -> None:
     doc = json.loads(DASHBOARD.read_text())
     assert {v["name"] for v in doc["templating"]["list"]} == {"datasource", "instance", "tenant"}
     for panel in doc["panels"]:
