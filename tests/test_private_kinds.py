@@ -395,3 +395,31 @@ async def test_nostr_sdk_private_message_reaches_only_its_recipient(start_relay)
     finally:
         for c in (bob, alice, *strangers):
             await c.close()
+
+
+async def test_nostr_sdk_publishes_only_its_own_protected_event(start_relay):
+    """NIP-70 with nostr-sdk on both sides: the author's client (AUTHed on its own at the
+    relay's challenge) publishes its `Tag.protected()` event; another key's AUTHed
+    client is refused `restricted:`; a client without keys `auth-required:`."""
+    uniffi_set_event_loop(asyncio.get_running_loop())
+    rp = start_relay()
+    author_keys = Keys.parse(SENDER.hex())
+    author, other = (
+        await SdkClient.open(rp.url, author_keys),
+        await SdkClient.open(rp.url, Keys.parse(THIRD.hex())),
+    )
+    anon = await SdkClient.open(rp.url)
+    try:
+        for c in (author, other):  # their AUTH answered: OK true (nothing else was sent)
+            await until(lambda c=c: any(m[0] == "OK" and m[2] for m in c.messages), "AUTHed")
+        note = EventBuilder(Kind(1), "mine to share").tags([Tag.protected()]).finalize(author_keys)
+        for client, prefix in ((anon, "auth-required:"), (other, "restricted:")):
+            out = await client.client.send_event(note)
+            (why,) = out.failed.values()
+            assert not out.success and why.startswith(prefix), why
+        out = await author.client.send_event(note)
+        assert [str(u) for u in out.success] and not out.failed
+        assert await anon.fetch(Filter().id(note.id())) == [note.id().to_hex()]
+    finally:
+        for c in (author, other, anon):
+            await c.close()
