@@ -20,8 +20,15 @@ from relay.ratelimit import RateLimits
 
 KIND_AUTH = 22242  # NIP-42
 PRIVATE_KINDS = (4, 1059, 1060)  # Limits.private_kinds by default
-# What a tenant serves only to their parties by default (engrams are always among them)
-DEFAULT_PRIVATE = frozenset((KIND_ENGRAM, *PRIVATE_KINDS))
+
+
+def private_set(kinds: typing.Iterable[int]) -> frozenset[int]:
+    """The kinds served only to their parties, given Limits.private_kinds: engrams are
+    always among them (spec "Relay-side rules: Reads")."""
+    return frozenset((KIND_ENGRAM, *kinds))
+
+
+DEFAULT_PRIVATE = private_set(PRIVATE_KINDS)  # a tenant's, unless configured
 ENV_PREFIX = "ENGRAM_"
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from relay.config import KIND_ENGRAM, Limits, Settings
+from relay.config import Limits, Settings, private_set
 from relay.hosts import host_of
 from relay.store import DEFAULT_TENANT
 
@@ -74,11 +74,6 @@ def merged_limits(base: Limits, overrides: dict[str, Any]) -> Limits:
     return limits
 
 
-def private_kinds(limits: Limits) -> frozenset[int]:
-    """Tenant.private_kinds: engrams are always private; the limits add the rest."""
-    return frozenset((KIND_ENGRAM, *limits.private_kinds))
-
-
 def default_tenant(settings: Settings) -> Tenant:
     return Tenant(
         key=DEFAULT_TENANT,
@@ -91,7 +86,7 @@ def default_tenant(settings: Settings) -> Tenant:
         members_only=settings.limits.restricted_writes,
         members=frozenset(),
         limits=settings.limits,
-        private_kinds=private_kinds(settings.limits),
+        private_kinds=private_set(settings.limits.private_kinds),
     )
 
 
@@ -115,7 +110,7 @@ def build_tenant(cfg: TenantConfig, settings: Settings) -> Tenant:
         members_only=cfg.write_policy == "members",
         members=frozenset(cfg.members),
         limits=limits,
-        private_kinds=private_kinds(limits),
+        private_kinds=private_set(limits.private_kinds),
     )
 
 
