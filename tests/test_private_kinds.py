@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -308,6 +309,15 @@ async def test_migration_fills_the_recipient_of_stored_private_events(start_rela
     assert rows == {bytes.fromhex(dm.id): bytes.fromhex(R), bytes.fromhex(odd.id): None}
 
 
+@pytest.fixture
+async def sdk_loop() -> AsyncIterator[None]:
+    """nostr-sdk calls back into Python (its AUTH signer) on the loop set here; unset after,
+    as every later nostr-sdk call of this process would use that loop otherwise."""
+    uniffi_set_event_loop(asyncio.get_running_loop())
+    yield
+    uniffi_set_event_loop(None)  # type: ignore[arg-type]
+
+
 class SdkClient:
     """A nostr-sdk Client (AUTHing on its own when given keys) and every relay message it
     received, as JSON, collected from its notifications."""
@@ -353,13 +363,12 @@ class SdkClient:
             self._task.cancel()
 
 
-async def test_nostr_sdk_private_message_reaches_only_its_recipient(start_relay):
+async def test_nostr_sdk_private_message_reaches_only_its_recipient(start_relay, sdk_loop):
     """NIP-17 through a real relay process, every side a nostr-sdk client: the sender's
     gift wrap (`nip17_make_private_msg`) is published without AUTH; the recipient's
     client, AUTHing on its own when the relay asks, receives it live and stored and
     unwraps the message; a third key's client, AUTHed or not, gets nothing, by id or by
     kind and `#p`."""
-    uniffi_set_event_loop(asyncio.get_running_loop())  # the SDK calls back into Python
     rp = start_relay()
     sender, recipient, third = (Keys.parse(k.hex()) for k in (SENDER, RECIPIENT, THIRD))
     inbox = Filter().kind(Kind(1059)).pubkey(recipient.public_key())
@@ -397,11 +406,10 @@ async def test_nostr_sdk_private_message_reaches_only_its_recipient(start_relay)
             await c.close()
 
 
-async def test_nostr_sdk_publishes_only_its_own_protected_event(start_relay):
+async def test_nostr_sdk_publishes_only_its_own_protected_event(start_relay, sdk_loop):
     """NIP-70 with nostr-sdk on both sides: the author's client (AUTHed on its own at the
     relay's challenge) publishes its `Tag.protected()` event; another key's AUTHed
     client is refused `restricted:`; a client without keys `auth-required:`."""
-    uniffi_set_event_loop(asyncio.get_running_loop())
     rp = start_relay()
     author_keys = Keys.parse(SENDER.hex())
     author, other = (
