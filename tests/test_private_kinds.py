@@ -156,7 +156,8 @@ async def test_nip70_protected_events(tenants):
 async def test_private_kinds_req_count_search_negentropy(tenants):
     """On a tenant with the default private kinds: refused without AUTH when named,
     restricted for a third key, absent from every filter that names no kind (ids,
-    authors, `#p`, search, COUNT, NIP-77), served to the author and the recipient."""
+    authors, `#p`, search, COUNT, NIP-77, live), served to the author and the recipient.
+    Another tenant's private kinds are its own, and changing them applies at once."""
     port = tenants.port
     dm = ev(SENDER, 4, [("p", R)], "meet at the secret rendezvous")
     wrap = ev(WRAPPER, 1059, [("p", R)], "sealed rendezvous")  # a gift wrap: random key
@@ -167,8 +168,14 @@ async def test_private_kinds_req_count_search_negentropy(tenants):
     recipient = await connect(port, "a.test", RECIPIENT)
     sender = await connect(port, "a.test", SENDER)
     try:
+        for c in (anon, third):
+            _, end = await c.req("live", {})
+            assert end[0] == "EOSE"
         for e in (dm, wrap, note):
             assert (await anon.publish(e))[2] is True  # anyone may send them
+        for c in (anon, third):  # live: the public note, published last, comes first
+            assert (await next_event(c, "live"))["id"] == note.id
+            await c.send(["CLOSE", "live"])
         for flt in ({"kinds": [4]}, {"kinds": [1059], "#p": [R]}, {"kinds": [1, 4]}):
             _, end = await anon.req("p", flt)
             assert end[0] == "CLOSED" and end[2].startswith("auth-required:"), end
@@ -209,12 +216,18 @@ async def test_private_kinds_req_count_search_negentropy(tenants):
     b_anon = await connect(port, "b.test")
     b_third = await connect(port, "b.test", THIRD)
     try:
-        for e in (dm, note):
+        _, end = await b_third.req("live", {})
+        assert end[0] == "EOSE"
+        marker = ev(SENDER, 7, [], "+")
+        for e in (dm, note, marker):
             assert (await b_anon.publish(e))[2] is True
+        assert (await next_event(b_third, "live"))["id"] == dm.id  # public on b.test
+        assert (await next_event(b_third, "live"))["id"] == marker.id  # not the note
+        await b_third.send(["CLOSE", "live"])
         assert ids(await b_anon.query({"kinds": [4]})) == {dm.id}
         _, end = await b_anon.req("p", {"kinds": [1]})
         assert end[0] == "CLOSED" and end[2].startswith("auth-required:")
-        assert ids(await b_third.query({"authors": [S]})) == {dm.id}
+        assert ids(await b_third.query({"authors": [S]})) == {dm.id, marker.id}
     finally:
         for c in (b_anon, b_third):
             await c.close()
@@ -235,7 +248,7 @@ async def test_private_kinds_req_count_search_negentropy(tenants):
     try:
         _, end = await b_anon.req("p", {"kinds": [4]})
         assert end[0] == "CLOSED" and end[2].startswith("auth-required:")
-        assert await b_anon.query({"authors": [S]}) == []
+        assert ids(await b_anon.query({"authors": [S]})) == {marker.id}
         assert ids(await b_recipient.query({"kinds": [1, 4], "#p": [R]})) == {dm.id, note.id}
     finally:
         for c in (b_anon, b_recipient):
