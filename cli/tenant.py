@@ -43,7 +43,11 @@ OwnDatabaseOpt = Annotated[
 ]
 LimitOpt = Annotated[
     list[str] | None,
-    typer.Option("--limit", help="Limit override KEY=VALUE (e.g. max_limit=100); repeatable."),
+    typer.Option(
+        "--limit",
+        help="Limit override KEY=VALUE (e.g. max_limit=100, private_kinds=4,1059,1060);"
+        " repeatable.",
+    ),
 ]
 
 
@@ -74,6 +78,14 @@ def _limits(pairs: list[str] | None) -> dict[str, Any]:
         key = key.strip()
         if not sep or key not in fields:
             raise _fail(f"--limit takes KEY=VALUE with KEY one of: {', '.join(fields)}")
+        if isinstance(fields[key], list):  # private_kinds=4,1059,1060 (empty: none)
+            try:
+                out[key] = [int(v) for v in value.strip("[] ").split(",") if v.strip()]
+            except ValueError as exc:
+                raise _fail(
+                    f"--limit {key}: {value!r} is not a comma-separated list of kinds"
+                ) from exc
+            continue
         try:
             out[key] = json.loads(value) if isinstance(fields[key], bool | int) else value
         except json.JSONDecodeError as exc:

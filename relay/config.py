@@ -19,6 +19,16 @@ from relay.durations import parse_duration
 from relay.ratelimit import RateLimits
 
 KIND_AUTH = 22242  # NIP-42
+PRIVATE_KINDS = (4, 1059, 1060)  # Limits.private_kinds by default
+
+
+def private_set(kinds: typing.Iterable[int]) -> frozenset[int]:
+    """The kinds served only to their parties, given Limits.private_kinds: engrams are
+    always among them (spec "Relay-side rules: Reads")."""
+    return frozenset((KIND_ENGRAM, *kinds))
+
+
+DEFAULT_PRIVATE = private_set(PRIVATE_KINDS)  # a tenant's, unless configured
 ENV_PREFIX = "ENGRAM_"
 
 
@@ -39,6 +49,14 @@ class Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     auth_required: bool = False
     restricted_writes: bool = False
     min_pow_difficulty: int = 0  # NIP-13: leading zero bits an event id must have
+    # Served only to a connection AUTHed as the author or the recipient (first `p`), like
+    # engrams: NIP-04 direct messages and gift wraps (as strfry and nostream restrict
+    # them). Not a NIP-11 field: relay.nip11 leaves it out of `limitation`.
+    private_kinds: list[int] = msgspec.field(default_factory=lambda: list(PRIVATE_KINDS))
+
+    def __post_init__(self) -> None:
+        if any(not 0 <= k <= 65535 for k in self.private_kinds):
+            raise ValueError("private_kinds must be kinds between 0 and 65535")
 
 
 class Retention(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -129,7 +147,13 @@ class ConfigError(ValueError):
 
 def _coerce(value: str, current: Any, name: str) -> Any:
     if isinstance(current, list):  # e.g. ENGRAM_REPLICA_URLS: comma-separated
-        return [v.strip() for v in value.split(",") if v.strip()]
+        items = [v.strip() for v in value.split(",") if v.strip()]
+        if current and all(isinstance(c, int) for c in current):  # a list of kinds
+            try:
+                return [int(v) for v in items]
+            except ValueError as exc:
+                raise ConfigError(f"{name}: expected integers, got {value!r}") from exc
+        return items
     if isinstance(current, bool):
         low = value.strip().lower()
         if low in ("1", "true", "yes", "on"):

@@ -17,8 +17,9 @@ from typing import Protocol
 
 from engram.nip01 import Event
 from relay import metrics
+from relay.config import DEFAULT_PRIVATE
 from relay.filters import Filter, match_key, matches_any
-from relay.policy import may_see
+from relay.policy import readers
 from relay.wire import Reason, closed, event_frame, sub_prefix
 
 IndexKey = tuple[Hashable, ...]
@@ -159,8 +160,9 @@ class FanOut:
         for sub_id in list(self._by_conn.get(id(conn), ())):
             self.unsubscribe(conn, sub_id)
 
-    def publish(self, event: Event, raw: bytes) -> int:
-        """Deliver to every matching subscription; returns the number of frames sent."""
+    def publish(self, event: Event, raw: bytes, private: frozenset[int] = DEFAULT_PRIVATE) -> int:
+        """Deliver to every matching subscription that may see the event (of a `private`
+        kind: its author's and recipient's only); returns the number of frames sent."""
         candidates: set[tuple[int, str]] = set()
         index = self._index
         for key in _event_keys(event):
@@ -169,11 +171,12 @@ class FanOut:
                 candidates |= bucket
         sent = 0
         subs = self._subs
+        only = readers(event, private)  # None: anyone
         verdicts: dict[int, bool] = {}  # match_class -> matches_any
         frames: dict[bytes, bytes] = {}  # prefix -> frame
         for sk in candidates:
             sub = subs.get(sk)
-            if sub is None or not may_see(event, sub.conn.authed):
+            if sub is None or (only is not None and sub.conn.authed not in only):
                 continue
             verdict = verdicts.get(sub.match_class)
             if verdict is None:

@@ -32,9 +32,6 @@ class Filter(msgspec.Struct, kw_only=True):
     limit: int | None = None
     search: str | None = None
 
-    def names_kind(self, kind: int) -> bool:
-        return self.kinds is not None and kind in self.kinds
-
 
 def _hex_list(name: str, value: Any, limits: Limits) -> list[str]:
     if not isinstance(value, list):

@@ -74,7 +74,7 @@ class NegentropyService:
         except FilterError as exc:
             session.send(wire.neg_err(sub_id, Reason.INVALID(str(exc))))
             return
-        why = policy.check_read(f, session.authed, lim)
+        why = policy.check_read(f, session.authed, tenant)
         if why:
             session.send(wire.neg_err(sub_id, why))
             return
@@ -90,7 +90,7 @@ class NegentropyService:
         max_items = self.settings.negentropy_max_items
         try:
             stamps, ids = await self.store.negentropy_items(
-                f, tenant.key, session.authed, max_items + 1
+                f, tenant.key, session.authed, max_items + 1, private=tenant.private_kinds
             )
         except StoreError as exc:
             self._drop(session, sub_id, state)

@@ -13,7 +13,7 @@ import msgspec
 from relay.config import Settings
 from relay.tenants import Tenant
 
-SUPPORTED_NIPS = [1, 9, 11, 13, 40, 42, 45, 50, 77]
+SUPPORTED_NIPS = [1, 9, 11, 13, 40, 42, 45, 50, 70, 77]
 SOFTWARE = "https://pypi.org/project/engram-relay/"
 
 
@@ -40,10 +40,14 @@ def document(tenant: Tenant, version: str, nips: list[int] = SUPPORTED_NIPS) -> 
 
 # limits where 0 means "not enforced" (NIP-11 has no value for "off")
 _OFF_WHEN_ZERO = ("created_at_lower_limit",)
+# per-tenant policy kept with the limits that NIP-11 does not define
+_NOT_NIP11 = ("private_kinds",)
 
 
 def limitation(tenant: Tenant) -> dict[str, Any]:
     lim = msgspec.to_builtins(tenant.limits)
+    for name in _NOT_NIP11:
+        lim.pop(name, None)
     for name in _OFF_WHEN_ZERO:
         if not lim.get(name):
             lim.pop(name, None)

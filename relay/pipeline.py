@@ -284,13 +284,13 @@ class Relay:
     ) -> list[Filter] | bytes:
         """Parsed filters the session may run, or the CLOSED frame refusing them.
 
-        The engram read gate runs here, before anything (search included) looks at them.
+        The private read gate runs here, before anything (search included) looks at them.
         """
         filters = self.parse_filters(sub_id, raws, tenant.limits)
         if isinstance(filters, bytes):
             return filters
         for f in filters:
-            why = policy.check_read(f, session.authed, tenant.limits)
+            why = policy.check_read(f, session.authed, tenant)
             if why:
                 return wire.closed(sub_id, why)
             restrict_search(f, self.search_kinds)
@@ -310,7 +310,9 @@ class Relay:
             return filters
         try:
             async with self.reads.hold(session):
-                n = await self.store.count(filters, tenant.key, session.authed)
+                n = await self.store.count(
+                    filters, tenant.key, session.authed, private=tenant.private_kinds
+                )
         except StoreError as exc:
             metrics.read_closed(tenant.key, str(exc))
             return wire.closed(sub_id, str(exc))
@@ -340,7 +342,9 @@ class Relay:
         sub = fanout.subscribe(session, sub_id, filters, pending=True)
         try:
             async with self.reads.hold(session):
-                rows = await self.store.query(filters, tenant.key, session.authed)
+                rows = await self.store.query(
+                    filters, tenant.key, session.authed, private=tenant.private_kinds
+                )
         except StoreError as exc:
             metrics.read_closed(tenant.key, str(exc))
             fanout.unsubscribe(session, sub_id)
@@ -390,8 +394,9 @@ class Relay:
         self.publish_live(tenant, event, raw)
 
     def publish_live(self, tenant: str, event: Event, raw: bytes) -> None:
-        """To this node's matching subscribers, counted."""
-        metrics.live_sent(tenant, self.fanouts[tenant].publish(event, raw))
+        """To this node's matching subscribers that may see it, counted."""
+        private = self.tenants.by_key(tenant).private_kinds
+        metrics.live_sent(tenant, self.fanouts[tenant].publish(event, raw, private))
 
     def connect(self, tenant: Tenant, ip: str) -> ConnectionAllowance | None:
         """Admit a new connection from `ip`, or None when the address has too many."""

@@ -1,14 +1,20 @@
-"""Authorization: NIP-42 AUTH, write policy, the engram read gate and REQ limit clamping.
+"""Authorization: NIP-42 AUTH, write policy (NIP-70 included), the private read gate and
+REQ limit clamping.
 
-Checks return None to accept or a reason carrying its NIP-01 prefix. The engram read gate
-(spec "Relay-side rules: Reads") lives only here and runs before any search handling.
+Checks return None to accept or a reason carrying its NIP-01 prefix. The private read
+gate (engrams, spec "Relay-side rules: Reads", and each tenant's private kinds: direct
+messages, gift wraps) is decided here, on the rule of `engram.readers`, and runs before
+any search handling; the store applies the same rule to rows (relay.store.sql) and the
+fan-out to live events (`readers`).
 """
 
 from __future__ import annotations
 
 from engram.errors import AttestationError
 from engram.nip01 import Event, verify_event
+from engram.nip70 import is_protected
 from engram.nipoa import AUTH_TAG, Clause, clauses_allow, event_attestation, verify_auth_tag
+from engram.readers import asks_only_own, parties
 from relay.config import KIND_AUTH, KIND_ENGRAM, Limits
 from relay.filters import Filter
 from relay.hosts import host_of
@@ -80,9 +86,16 @@ def check_write(
     admitted: tuple[Clause, ...] | None,
     tenant: Tenant,
 ) -> str | None:
-    """Who may publish: anyone (`open`), or members and agents their owners admitted."""
+    """Who may publish: anyone (`open`), or members and agents their owners admitted;
+    a protected event (NIP-70) only its author, AUTHed as such."""
     if tenant.limits.auth_required and authed is None:
         return Reason.AUTH_REQUIRED("this relay requires AUTH before publishing")
+    if authed != event.pubkey and is_protected(event.tags):
+        if authed is None:
+            return Reason.AUTH_REQUIRED(
+                "this event is protected (NIP-70): only its author may publish it; AUTH first"
+            )
+        return Reason.RESTRICTED("this event is protected (NIP-70): only its author may publish it")
     if not tenant.members_only or tenant.is_member(event.pubkey):
         return None
     if admitted is not None and event.pubkey == authed:
@@ -99,21 +112,30 @@ def check_write(
     return Reason.RESTRICTED("only members and agents admitted by a member may publish here")
 
 
-def check_read(f: Filter, authed: str | None, limits: Limits) -> str | None:
-    """The engram read gate, then the relay-wide auth requirement."""
-    if f.names_kind(KIND_ENGRAM):
-        own_authors = bool(f.authors) and all(a == authed for a in f.authors or ())
-        p = f.tags.get("p")
-        own_p = bool(p) and all(v == authed for v in p or ())
-        if not (own_authors or own_p):
-            if authed is None:
-                return Reason.AUTH_REQUIRED(
-                    "engrams (kind 30174) are readable only by their author or owner: AUTH first"
-                )
-            return Reason.RESTRICTED(
-                "engrams (kind 30174) are readable only by their author or owner"
+def _private_named(f: Filter, private: frozenset[int]) -> list[int]:
+    return sorted(private.intersection(f.kinds)) if f.kinds is not None else []
+
+
+def check_read(f: Filter, authed: str | None, tenant: Tenant) -> str | None:
+    """The private read gate, then the relay-wide auth requirement.
+
+    A filter naming a private kind must ask for the viewer's own events only (its authors,
+    or its `#p`, all the viewer): NIP-42 AUTH first. Filters naming no private kind are
+    not refused; the store and the fan-out then leave out what the viewer may not read.
+    """
+    named = _private_named(f, tenant.private_kinds)
+    if named and not asks_only_own(f.authors, f.tags.get("p"), authed):
+        what = (
+            "engrams (kind 30174) are"
+            if named == [KIND_ENGRAM]
+            else f"events of kind {', '.join(map(str, named))} are"
+        )
+        if authed is None:
+            return Reason.AUTH_REQUIRED(
+                f"{what} readable only by their author or recipient: AUTH first"
             )
-    if limits.auth_required and authed is None:
+        return Reason.RESTRICTED(f"{what} readable only by their author or recipient")
+    if tenant.limits.auth_required and authed is None:
         return Reason.AUTH_REQUIRED("this relay requires AUTH before reading")
     return None
 
@@ -127,8 +149,7 @@ def clamp_limit(f: Filter, limits: Limits) -> Filter:
     return f
 
 
-def may_see(event: Event, authed: str | None) -> bool:
-    """Live fan-out half of the gate: an engram reaches only its author or its `p`."""
-    if event.kind != KIND_ENGRAM:
-        return True
-    return authed is not None and (authed == event.pubkey or _tag(event, "p") == authed)
+def readers(event: Event, private: frozenset[int]) -> frozenset[str] | None:
+    """Live fan-out half of the gate: None if anyone may see the event, else the only
+    pubkeys that may (its author and its recipient). Computed once per published event."""
+    return parties(event.pubkey, event.tags) if event.kind in private else None

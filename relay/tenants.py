@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from relay.config import Limits, Settings
+from relay.config import Limits, Settings, private_set
 from relay.hosts import host_of
 from relay.store import DEFAULT_TENANT
 
@@ -48,6 +48,9 @@ class Tenant(msgspec.Struct, frozen=True, kw_only=True):
     members_only: bool
     members: frozenset[str]
     limits: Limits
+    # served only to their author and recipient (relay.policy): engrams, always, and the
+    # tenant's private kinds (limits.private_kinds)
+    private_kinds: frozenset[int]
 
     def is_member(self, pubkey: str) -> bool:
         return pubkey in self.members
@@ -83,6 +86,7 @@ def default_tenant(settings: Settings) -> Tenant:
         members_only=settings.limits.restricted_writes,
         members=frozenset(),
         limits=settings.limits,
+        private_kinds=private_set(settings.limits.private_kinds),
     )
 
 
@@ -94,6 +98,7 @@ def build_tenant(cfg: TenantConfig, settings: Settings) -> Tenant:
         or settings.limits.auth_required  # a relay-wide requirement binds every tenant
     )
     overrides["restricted_writes"] = cfg.write_policy == "members"
+    limits = merged_limits(settings.limits, overrides)
     return Tenant(
         key=cfg.host,
         hosts=frozenset([cfg.host, *cfg.aliases]),
@@ -104,7 +109,8 @@ def build_tenant(cfg: TenantConfig, settings: Settings) -> Tenant:
         icon=cfg.icon,
         members_only=cfg.write_policy == "members",
         members=frozenset(cfg.members),
-        limits=merged_limits(settings.limits, overrides),
+        limits=limits,
+        private_kinds=private_set(limits.private_kinds),
     )
 
 
@@ -125,6 +131,10 @@ class TenantRegistry:
                 by_host[host] = tenant
         self._by_host = by_host
         self.version = version
+
+    def by_key(self, key: str) -> Tenant:
+        """The tenant whose events are stored under `key` (the default if none is)."""
+        return self._by_host.get(key, self.default)
 
     def current(self, tenant: Tenant) -> Tenant:
         """The live version of a tenant a connection was bound to (itself if removed)."""

@@ -57,13 +57,15 @@ def test_address_d(kind: int, tags: list[list[str]], d: str | None) -> None:
     assert sql.address_d(kind, tags) == d
 
 
-def test_engram_owner() -> None:
-    assert sql.engram_owner(
-        KIND_ENGRAM, [["d", "h"], ["p", PK], ["p", "cd" * 32]]
-    ) == bytes.fromhex(PK)
-    assert sql.engram_owner(KIND_ENGRAM, [["p", "not hex"]]) is None
-    assert sql.engram_owner(KIND_ENGRAM, []) is None
-    assert sql.engram_owner(1, [["p", PK]]) is None
+def test_owner_column_is_the_recipient_of_any_kind(make_event: Callable[..., Event]) -> None:
+    """The first `p` tag (engram.readers.recipient), kept for every kind: the private
+    read gate compares it to the viewer for engrams and the tenant's private kinds."""
+    assert sql.owner_column([["d", "h"], ["p", PK], ["p", "cd" * 32]]) == bytes.fromhex(PK)
+    assert sql.owner_column([["p", "not hex"], ["p", PK]]) is None  # the first p decides
+    assert sql.owner_column([["p"], ["p", PK]]) == bytes.fromhex(PK)  # valueless: no p
+    assert sql.owner_column([]) is None
+    row = sql.encode_row(make_event(bytes([7]) * 32, kind=4, tags=[["p", PK]]), b"{}")
+    assert row[5] == bytes.fromhex(PK)
 
 
 def test_pg_text_array_escapes() -> None:
@@ -108,12 +110,32 @@ def test_skipped_filter_leaves_no_stray_parameter() -> None:
 
 
 def test_engram_gate_clause() -> None:
-    text, params = sql.build_query([Filter(limit=1)], "t")  # type: ignore[misc]
+    engrams = frozenset({KIND_ENGRAM})
+    text, params = sql.build_query([Filter(limit=1)], "t", private=engrams)  # type: ignore[misc]
     assert f"kind <> {KIND_ENGRAM}" in text and len(params) == 2
     text, params = sql.build_query([Filter(limit=1)], "t", viewer=PK)  # type: ignore[misc]
     assert "owner = $2::bytea" in text and params[1] == bytes.fromhex(PK)
     text, params = sql.build_query([Filter(limit=1)], "t", viewer="junk")  # type: ignore[misc]
-    assert f"kind <> {KIND_ENGRAM}" in text and "owner" not in text
+    assert f"kind NOT IN (4, 1059, 1060, {KIND_ENGRAM})" in text and "owner" not in text
+
+
+def test_private_gate_clause_names_only_the_filters_private_kinds() -> None:
+    """The tenant's private kinds, narrowed to the filter's, as literal integers: every
+    parameter stays a scalar (readbatch batches the statement)."""
+    private = frozenset({4, 1059, KIND_ENGRAM})
+    text, params = sql.build_query(  # type: ignore[misc]
+        [Filter(kinds=[1, 4], limit=1)], "t", viewer=PK, private=private
+    )
+    assert "(kind <> 4 OR pubkey = $3::bytea OR owner = $3::bytea)" in text
+    text, params = sql.build_query([Filter(limit=1)], "t", viewer=PK, private=private)  # type: ignore[misc]
+    assert f"(kind NOT IN (4, 1059, {KIND_ENGRAM}) OR pubkey = $2::bytea" in text
+    assert all(not isinstance(v, list) for v in params)
+    text, _ = sql.build_query([Filter(kinds=[1, 7], limit=1)], "t", private=private)  # type: ignore[misc]
+    assert "NOT IN" not in text and "kind <>" not in text  # no private kind asked for
+    text, _ = sql.build_count([Filter(ids=["0" * 64])], "t", private=private)  # type: ignore[misc]
+    assert f"kind NOT IN (4, 1059, {KIND_ENGRAM})" in text
+    text, _ = sql.build_items(Filter(), "t", None, 0, 10, private)  # type: ignore[misc]
+    assert f"kind NOT IN (4, 1059, {KIND_ENGRAM})" in text
 
 
 def test_union_and_count() -> None:

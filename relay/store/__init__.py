@@ -13,6 +13,7 @@ from typing import Protocol
 import msgspec
 
 from engram.nip01 import Event
+from relay.config import DEFAULT_PRIVATE
 from relay.filters import Filter
 
 DEFAULT_TENANT = "default"
@@ -52,11 +53,13 @@ class EventStore(Protocol):
         filters: list[Filter],
         tenant: str = DEFAULT_TENANT,
         viewer: str | None = None,
+        private: frozenset[int] = DEFAULT_PRIVATE,
     ) -> list[bytes]:
         """Raw events matching any filter: newest first (created_at desc, id asc).
 
         Each filter's `limit` is already clamped by the caller and always set. Events of
-        kind 30174 are returned only when `viewer` is their author or their `p`.
+        a `private` kind (the tenant's; engrams always) are returned only when `viewer`
+        is their author or their recipient (engram.readers).
         """
         ...
 
@@ -65,6 +68,7 @@ class EventStore(Protocol):
         filters: list[Filter],
         tenant: str = DEFAULT_TENANT,
         viewer: str | None = None,
+        private: frozenset[int] = DEFAULT_PRIVATE,
     ) -> int:
         """NIP-45: distinct events matching any filter (limits ignored), same gate."""
         ...
@@ -75,6 +79,7 @@ class EventStore(Protocol):
         tenant: str = DEFAULT_TENANT,
         viewer: str | None = None,
         limit: int = 500_001,
+        private: frozenset[int] = DEFAULT_PRIVATE,
     ) -> tuple[list[int], bytes]:
         """NIP-77: (created_at list, concatenated 32-byte ids) of at most `limit` events
         matching `f`, in (created_at, id) order, under the same gate as `query`."""

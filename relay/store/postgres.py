@@ -19,7 +19,7 @@ import asyncpg
 
 from engram.nip01 import Event
 from relay import metrics
-from relay.config import Settings
+from relay.config import DEFAULT_PRIVATE, Settings
 from relay.filters import Filter
 from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError, tenants
 from relay.store import sql as q
@@ -396,9 +396,10 @@ class PostgresStore:
         filters: list[Filter],
         tenant: str = DEFAULT_TENANT,
         viewer: str | None = None,
+        private: frozenset[int] = DEFAULT_PRIVATE,
     ) -> list[bytes]:
         """Raw events matching any filter: created_at desc, id asc, each filter limited."""
-        built = q.build_query(filters, tenant, viewer, int(time.time()), *self._scan)
+        built = q.build_query(filters, tenant, viewer, int(time.time()), private, *self._scan)
         if built is None:
             return []
         rows = await self._fetch(*built)
@@ -412,9 +413,10 @@ class PostgresStore:
         filters: list[Filter],
         tenant: str = DEFAULT_TENANT,
         viewer: str | None = None,
+        private: frozenset[int] = DEFAULT_PRIVATE,
     ) -> int:
         """Number of distinct events matching any filter (NIP-45: `limit` is ignored)."""
-        built = q.build_count(filters, tenant, viewer, int(time.time()))
+        built = q.build_count(filters, tenant, viewer, int(time.time()), private)
         if built is None:
             return 0
         rows = await self._fetch(*built)
@@ -426,9 +428,10 @@ class PostgresStore:
         tenant: str = DEFAULT_TENANT,
         viewer: str | None = None,
         limit: int = 500_001,
+        private: frozenset[int] = DEFAULT_PRIVATE,
     ) -> tuple[list[int], bytes]:
         """NIP-77: the (created_at, id)-ordered set of at most `limit` matching events."""
-        built = q.build_items(f, tenant, viewer, int(time.time()), limit)
+        built = q.build_items(f, tenant, viewer, int(time.time()), limit, private)
         if built is None:
             return [], b""
         rows = await self._fetch(*built)

@@ -22,7 +22,7 @@ import msgspec
 
 from engram.nip01 import Event
 from relay.bus import Deliver
-from relay.config import Settings
+from relay.config import DEFAULT_PRIVATE, Settings
 from relay.filters import Filter
 from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError
 from relay.store.pgbus import PostgresBus
@@ -80,14 +80,22 @@ class StoreRouter:
         return store.submit(event, raw, tenant)
 
     async def query(
-        self, filters: list[Filter], tenant: str = DEFAULT_TENANT, viewer: str | None = None
+        self,
+        filters: list[Filter],
+        tenant: str = DEFAULT_TENANT,
+        viewer: str | None = None,
+        private: frozenset[int] = DEFAULT_PRIVATE,
     ) -> list[bytes]:
-        return await self._reader(tenant).query(filters, tenant, viewer)
+        return await self._reader(tenant).query(filters, tenant, viewer, private=private)
 
     async def count(
-        self, filters: list[Filter], tenant: str = DEFAULT_TENANT, viewer: str | None = None
+        self,
+        filters: list[Filter],
+        tenant: str = DEFAULT_TENANT,
+        viewer: str | None = None,
+        private: frozenset[int] = DEFAULT_PRIVATE,
     ) -> int:
-        return await self._reader(tenant).count(filters, tenant, viewer)
+        return await self._reader(tenant).count(filters, tenant, viewer, private=private)
 
     async def negentropy_items(
         self,
@@ -95,8 +103,11 @@ class StoreRouter:
         tenant: str = DEFAULT_TENANT,
         viewer: str | None = None,
         limit: int = 500_001,
+        private: frozenset[int] = DEFAULT_PRIVATE,
     ) -> tuple[list[int], bytes]:
-        return await self._reader(tenant).negentropy_items(f, tenant, viewer, limit)
+        return await self._reader(tenant).negentropy_items(
+            f, tenant, viewer, limit, private=private
+        )
 
     def _reader(self, tenant: str) -> PostgresStore:
         store = self.store_for(tenant)

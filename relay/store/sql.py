@@ -15,7 +15,8 @@ from typing import Any
 import msgspec
 
 from engram.nip01 import Event, is_hex
-from relay.config import KIND_ENGRAM
+from engram.readers import recipient
+from relay.config import DEFAULT_PRIVATE, KIND_ENGRAM
 from relay.filters import Filter
 from relay.validate import expiration_of, is_addressable, is_ephemeral, is_replaceable
 
@@ -211,14 +212,12 @@ def address_d(kind: int, tags: list[list[str]]) -> str | None:
     return None
 
 
-def engram_owner(kind: int, tags: list[list[str]]) -> bytes | None:
-    """The `owner` column: the first `p` tag of a kind-30174 event, as bytes."""
-    if kind != KIND_ENGRAM:
-        return None
-    for t in tags:
-        if len(t) >= 2 and t[0] == "p":
-            return bytes.fromhex(t[1]) if is_hex(t[1], 64) else None
-    return None
+def owner_column(tags: list[list[str]]) -> bytes | None:
+    """The `owner` column: the event's recipient (engram.readers: its first `p` tag), as
+    bytes. Kept for every kind, so a kind a tenant makes private later is readable by
+    its recipients at once; the read gate (`_conditions`) compares it to the viewer."""
+    to = recipient(tags)
+    return None if to is None else bytes.fromhex(to)
 
 
 def pg_text_array(values: list[str]) -> str:
@@ -291,7 +290,7 @@ def encode_row(event: Event, raw: bytes, search_kinds: frozenset[int] | None = N
         created_at,
         kind,
         address_d(kind, tags),
-        engram_owner(kind, tags),
+        owner_column(tags),
         pg_text_array(event_tagvals(tags)),
         content,
         bytes(raw),
@@ -304,11 +303,19 @@ def encode_row(event: Event, raw: bytes, search_kinds: frozenset[int] | None = N
 
 class _Params:
     """Positional parameters; $1 is the tenant. The viewer is added on first use only,
-    since Postgres rejects a statement that is sent a parameter it never references."""
+    since Postgres rejects a statement that is sent a parameter it never references.
+    `private`: the kinds the read gate serves only to their parties (the tenant's)."""
 
-    def __init__(self, tenant: str, viewer: str | None, now: int | None = None) -> None:
+    def __init__(
+        self,
+        tenant: str,
+        viewer: str | None,
+        now: int | None = None,
+        private: frozenset[int] = DEFAULT_PRIVATE,
+    ) -> None:
         self.values: list[Any] = [tenant]
         self.now = now
+        self.private = private
         self._viewer = bytes.fromhex(viewer) if viewer is not None and is_hex(viewer, 64) else None
         self._viewer_pos = 0  # 1-based position once added
 
@@ -431,13 +438,16 @@ def _conditions(
         )
     if p.now is not None:  # NIP-40: expired events are never served
         conds.append(f"(expires_at IS NULL OR expires_at > {p.add(p.now)}::int8)")
-    # Engram read gate (kind 30174: author or `p` only), in SQL so LIMIT counts right.
-    if kinds is None or KIND_ENGRAM in kinds:
+    # The private read gate (engrams and the tenant's private kinds: their author or
+    # recipient only, relay.policy), in SQL so LIMIT counts right. The kinds are literals
+    # (integers from the tenant's configuration, never client input): a statement keeps
+    # scalar parameters only, which readbatch needs, and plans on the constants.
+    private = p.private if kinds is None else p.private.intersection(kinds)
+    if private:
+        listed = ", ".join(str(int(k)) for k in sorted(private))
+        public = f"kind <> {listed}" if len(private) == 1 else f"kind NOT IN ({listed})"
         v = p.viewer_ref()
-        if v is None:
-            conds.append(f"kind <> {KIND_ENGRAM}")
-        else:
-            conds.append(f"(kind <> {KIND_ENGRAM} OR pubkey = {v} OR owner = {v})")
+        conds.append(public if v is None else f"({public} OR pubkey = {v} OR owner = {v})")
     return conds
 
 
@@ -564,6 +574,7 @@ def build_query(
     tenant: str,
     viewer: str | None = None,
     now: int | None = None,
+    private: frozenset[int] = DEFAULT_PRIVATE,
     scan_max: int = SCAN_MAX,
     search_walk: int = SEARCH_WALK,
 ) -> tuple[str, list[Any]] | None:
@@ -573,7 +584,7 @@ def build_query(
     (NIP-01: limit applies per filter), joined with UNION ALL: one round trip. Rows of
     different filters may repeat and are not globally ordered; the caller merges.
     """
-    p = _Params(tenant, viewer, now)
+    p = _Params(tenant, viewer, now, private)
     parts: list[str] = []
     for f in filters:
         if f.limit == 0:
@@ -629,13 +640,17 @@ def build_query(
 
 
 def build_count(
-    filters: list[Filter], tenant: str, viewer: str | None = None, now: int | None = None
+    filters: list[Filter],
+    tenant: str,
+    viewer: str | None = None,
+    now: int | None = None,
+    private: frozenset[int] = DEFAULT_PRIVATE,
 ) -> tuple[str, list[Any]] | None:
     """SELECT count(*) of distinct events matching any filter, or None if none can match.
 
     NIP-45 counts every match, so `limit` is ignored here.
     """
-    p = _Params(tenant, viewer, now)
+    p = _Params(tenant, viewer, now, private)
     ors: list[str] = []
     for f in filters:
         conds = p.conditions(f)
@@ -648,16 +663,21 @@ def build_count(
 
 
 def build_items(
-    f: Filter, tenant: str, viewer: str | None, now: int, limit: int
+    f: Filter,
+    tenant: str,
+    viewer: str | None,
+    now: int,
+    limit: int,
+    private: frozenset[int] = DEFAULT_PRIVATE,
 ) -> tuple[str, list[Any]] | None:
     """NIP-77: (count, ids concatenated, created_at array) of at most `limit` events
     matching `f`, in (created_at, id) order, or None if none can match.
 
-    The same conditions as REQ (engram read gate, NIP-40 expiry; deleted rows are gone);
+    The same conditions as REQ (private read gate, NIP-40 expiry; deleted rows are gone);
     the filter's own `limit` is ignored, as a negentropy set is the whole match. One
     row: the ids as one bytea, the timestamps as one array.
     """
-    p = _Params(tenant, viewer, now)
+    p = _Params(tenant, viewer, now, private)
     conds = p.conditions(f)
     if conds is None:
         return None
