@@ -169,7 +169,7 @@ async def test_falls_back_when_negentropy_is_not_understood(start_relay, answer:
     other = start_relay()
     await publish(other.url, b)
     async with fake_relay(proxy) as url:
-        out = await sync("--from", url, "--to", other.url, "--timeout", "3")
+        out = await sync("--from", url, "--to", other.url, "--step-timeout", "3")
     assert out["method"] == "negentropy+req", out
     why = "no negentropy answer" if answer == "nothing" else "NOTICE"
     assert why in out["fallback"][url]
