@@ -19,8 +19,8 @@ This module is the API only: result types are in `cli.memory_results`, head chec
 
 from __future__ import annotations
 
+import asyncio
 import os
-import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -60,7 +60,7 @@ from cli.paging import Fetched, fetch_all
 from cli.patch import PatchError, apply_patch
 from cli.peer import Peer
 from cli.relayset import RelaySession, parse_relays
-from cli.search import search_heads
+from cli.search import compile_query, search_heads
 from engram import (
     CORE_SLUG,
     FUTURE_SKEW_MAX,
@@ -283,7 +283,10 @@ class AgentMemory:
             )
         except EngramError as exc:
             raise BadInputError(str(exc)) from exc
+        before = set(session.failed)
         answers = await session.on_each(lambda c: c.try_publish_many([event]))
+        # sent, then no OK before the deadline: such a relay may well hold the event
+        unsure = [u for u in session.failed if u not in before]
         said_no: dict[str, str] = {}
         accepted: list[str] = []
         lost: list[str] = []
@@ -297,6 +300,14 @@ class AgentMemory:
                 accepted.append(url)
         refused = {u: f"refused the event: {m}" for u, m in said_no.items()}
         refused.update(session.reasons())
+        for url in unsure:
+            refused[url] = f"{refused[url]} after the event was sent: it MAY have been written"
+        if not accepted and not lost and unsure:
+            names = ", ".join(unsure)
+            raise RelayError(
+                f"{body.slug}: no answer from {names} after the event was sent: the memory MAY "
+                "have been written; read it back before writing again"
+            )
         if not accepted and not lost:
             if len(session.urls) == 1 and said_no:
                 message = next(iter(said_no.values()))
@@ -377,16 +388,13 @@ class AgentMemory:
     async def search(self, query: str, *, regex: bool = False, limit: int = 20) -> Matches:
         """Slugs and values matching `query` (case-insensitive), searched after local
         decryption; the query never leaves this process."""
-        try:
-            pattern = re.compile(query if regex else re.escape(query), re.IGNORECASE)
-        except re.error as exc:
-            raise BadInputError(f"invalid regular expression: {exc}") from exc
-        if not query:
-            raise BadInputError("the search query is empty")
+        pattern = compile_query(query, regex)
         if limit < 1:
             raise BadInputError("--limit must be at least 1")
         read = await self._everything()
-        matches = Matches(search_heads(read.merged, pattern, limit))
+        # matched in a worker thread (the pattern releases the GIL), bounded in time
+        found = await asyncio.to_thread(search_heads, read.merged, pattern, limit)
+        matches = Matches(found)
         matches.report = read.report
         return matches
 
