@@ -309,7 +309,7 @@ async def sync_relays(
         ) from exc
     except RelayError as exc:
         if summary.copied_up or summary.copied_down or summary.method:
-            raise type(exc)(f"{exc}{_partial(summary)}") from exc
+            raise RelayError(f"{exc}{_partial(summary)}") from exc
         raise
     return summary
 

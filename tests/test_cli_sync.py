@@ -308,7 +308,7 @@ def _frozen_relay(events: list) -> object:
 async def test_paging_a_relay_that_ignores_until_ends_and_says_so(start_relay) -> None:
     """REQ paging used to ask the same `until` forever of a relay that ignores it."""
     dst = start_relay()
-    events = sets()[0][:4]
+    events = sets()[0][0:16:4]  # four seconds, one event each
     async with fake_relay(_frozen_relay(events)) as frozen:
         done = await engram_async(
             "sync", "--from", frozen, "--to", dst.url, "--json", env=clean_env()
