@@ -131,8 +131,9 @@ async def test_tenants_are_isolated(tenanted):
         flt = {"authors": [pubkey_of(MEMBER)]}
         assert {e["id"] for e in await a.query(flt)} == {shared.id, meta_a.id, only_a.id}
         assert {e["id"] for e in await b.query(flt)} == {shared.id, meta_b.id}
-        with pytest.raises(asyncio.TimeoutError):  # B's live subscriber saw nothing of A
-            await live_b.recv(timeout=0.7)
+        probe = ev(OWNER, content="probe in B")  # B's live subscriber saw nothing of A:
+        assert (await b.publish(probe))[2] is True  # the probe, published after, comes first
+        assert await live_b.until_probe(probe.id) == []
 
         await a.send(["COUNT", "n", flt])
         assert (await a.expect("COUNT"))[2] == {"count": 3}
