@@ -118,7 +118,7 @@ class Peer:
         return (left, True) if left < seconds else (seconds, False)
 
     def _stalled(self, what: str, seconds: float, whole: bool) -> Stalled:
-        limit = "before the run's deadline (--timeout)" if whole else f"within {seconds:g} s"
+        limit = "before the run's deadline (--timeout)" if whole else f"within {seconds:.3g} s"
         return Stalled(self.url, f"{self.url} stalled: no answer to {what} {limit}")
 
     async def step(self, what: str, work: Awaitable[T], seconds: float | None = None) -> T:
@@ -188,7 +188,7 @@ class Peer:
             self._neg_sub = None
             if whole:  # no time left to fall back to REQ paging either
                 raise self._stalled("a negentropy message", budget, whole) from exc
-            raise Unsupported(self.url, f"no negentropy answer within {budget:g} s") from exc
+            raise Unsupported(self.url, f"no negentropy answer within {budget:.3g} s") from exc
 
     # -- REQ -----------------------------------------------------------------------
 

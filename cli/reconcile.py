@@ -36,6 +36,7 @@ DIRECTIONS = ("up", "down", "both")
 DEFAULT_TIMEOUT = 600.0  # seconds for a whole `engram sync` run
 DEFAULT_STEP_TIMEOUT = 30.0  # seconds for any one answer (NEG-MSG, EOSE, OKs, connecting)
 MAX_ROUNDS = 1_000  # negentropy rounds (a set of a billion needs a few dozen)
+BACKSTOP_GRACE = 2.0  # seconds past --timeout before the run is cut off without a name
 
 __all__ = [
     "DIRECTIONS",
@@ -298,7 +299,8 @@ async def sync_relays(
     deadline = loop.time() + timeout
     summary = SyncSummary()
     try:
-        async with asyncio.timeout(timeout):  # the backstop: steps end sooner, naming a relay
+        # the backstop: every step ends by `deadline` on its own, naming its relay
+        async with asyncio.timeout(timeout + BACKSTOP_GRACE):
             await _sync(
                 from_url, to_url, flt, direction, seckey, step_timeout, deadline, progress, summary
             )
@@ -334,11 +336,14 @@ async def _sync(
     progress: Progress,
     summary: SyncSummary,
 ) -> None:
-    wait = min(step_timeout, max(deadline - asyncio.get_running_loop().time(), 0.1))
+    # NIP-11 is optional (limits, NIP-77): it never takes more than half the run's time
+    wait = min(step_timeout, max(deadline - asyncio.get_running_loop().time(), 0.2) / 2)
     info = await asyncio.gather(*(_nip11_or_none(u, wait) for u in (from_url, to_url)))
+    loop = asyncio.get_running_loop()
+    wait = min(step_timeout, max(deadline - loop.time(), 0.1))
     async with (
-        open_relay(from_url, seckey, open_timeout=step_timeout) as ca,
-        open_relay(to_url, seckey, open_timeout=step_timeout) as cb,
+        open_relay(from_url, seckey, open_timeout=wait) as ca,
+        open_relay(to_url, seckey, open_timeout=wait) as cb,
     ):
         a, b = (
             Peer(c, seckey, doc, step_timeout=step_timeout, deadline=deadline)
