@@ -12,23 +12,23 @@ and pick the head across all of them; relays that are behind, failed or could no
 paged completely are named in each result's `report` (a `SetReport`). Writes publish one
 signed event to every relay; they succeed when at least one relay accepts it. Errors are
 `cli.errors` classes, one per CLI exit code, with a stable `code`.
+
+This module is the API only: result types are in `cli.memory_results`, head checking in
+`cli.memory_heads` (over `engram.head`), replication in `cli.memory_replication`.
 """
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import os
-import re
 import time
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
-from cli.client import RelayClient
 from cli.errors import (
     AgentMemoryError,
     AuthError,
@@ -38,11 +38,29 @@ from cli.errors import (
     RelayError,
 )
 from cli.identity import Identity
+from cli.memory_heads import HeadChecker, behind
+from cli.memory_replication import reconciled, spread
+from cli.memory_results import (
+    CoreRead,
+    Entry,
+    ExportReport,
+    ImportReport,
+    Listing,
+    Match,
+    Matches,
+    MigrateReport,
+    Refs,
+    RelaySync,
+    SetReport,
+    SyncReport,
+    WriteResult,
+    sha256_hex,
+)
 from cli.paging import Fetched, fetch_all
 from cli.patch import PatchError, apply_patch
+from cli.peer import Peer
 from cli.relayset import RelaySession, parse_relays
-from cli.search import Match, search_heads
-from cli.sync import FETCH_CHUNK, Peer, Unsupported, reconcile_items
+from cli.search import compile_query, search_heads
 from engram import (
     CORE_SLUG,
     FUTURE_SKEW_MAX,
@@ -52,8 +70,6 @@ from engram import (
     Core,
     EngramError,
     Head,
-    InvalidEngramError,
-    ListingEntry,
     Memory,
     Tombstone,
     body_text,
@@ -61,13 +77,11 @@ from engram import (
     d_tag,
     encode_body,
     listing,
+    merge_heads,
     monotonic_created_at,
     normalize_slug,
     reachability,
-    select_head,
-    validate_and_decrypt,
 )
-from engram.negentropy import Items
 from engram.nip01 import Event
 
 __all__ = [
@@ -95,282 +109,6 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT = 10.0
-NEG_OPEN_TIMEOUT = 20.0  # seconds for a relay's first negentropy answer, then REQ paging
-SKIP_REASONS = {
-    1: "bad envelope",
-    2: "bad signature",
-    3: "undecryptable",
-    4: "slug mismatch",
-    5: "bad body",
-}
-
-
-def sha256_hex(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-# --- results ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SetReport:
-    """What a result says about the relay set, besides its answer.
-
-    failed: relay -> why it did not take part (connection, timeout, refusal).
-    behind: relay -> how many slugs it holds an older head for, or none (`engram mem sync`).
-    incomplete: relay -> why its listing may be partial (paging made no progress).
-    skipped: reason -> events that failed verification, validation or decryption.
-    """
-
-    relays: tuple[str, ...] = ()
-    answered: tuple[str, ...] = ()
-    failed: dict[str, str] = field(default_factory=dict)
-    behind: dict[str, int] = field(default_factory=dict)
-    incomplete: dict[str, str] = field(default_factory=dict)
-    skipped: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def skipped_total(self) -> int:
-        return sum(self.skipped.values())
-
-    def skipped_line(self) -> str | None:
-        """`3 events skipped: 2 bad signature, 1 undecryptable`, or None."""
-        if not self.skipped_total:
-            return None
-        parts = ", ".join(f"{n} {reason}" for reason, n in sorted(self.skipped.items()))
-        noun = "event" if self.skipped_total == 1 else "events"
-        return f"{self.skipped_total} {noun} skipped: {parts}"
-
-    def warnings(self) -> list[str]:
-        """One line per thing worth telling the user, for stderr."""
-        lines = [f"{url}: {reason}" for url, reason in self.failed.items()]
-        lines += [
-            f"{url}: listing may be incomplete: {why}" for url, why in self.incomplete.items()
-        ]
-        if self.behind:
-            names = ", ".join(
-                f"{url} ({n} slug{'s' if n != 1 else ''})" for url, n in self.behind.items()
-            )
-            lines.append(f"relays behind the newest heads: {names}; run `engram mem sync`")
-        if (line := self.skipped_line()) is not None:
-            lines.append(line)
-        return lines
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "relays": list(self.relays),
-            "answered": list(self.answered),
-            "failed": self.failed,
-            "behind": self.behind,
-            "incomplete": self.incomplete,
-            "skipped": {"total": self.skipped_total, **self.skipped},
-        }
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A live memory (or core's profile): its text and the event that holds it."""
-
-    slug: str
-    value: str
-    event_id: str
-    created_at: int
-    sha256: str
-    report: SetReport
-
-
-@dataclass(frozen=True)
-class WriteResult:
-    """A published write. `accepted` relays hold it as their head (verified by re-reading);
-    `refused` names the others with their reason. A dry-run patch has `event_id` "" and
-    carries the text it would have written in `value`."""
-
-    slug: str
-    event_id: str
-    created_at: int
-    sha256: str | None
-    accepted: tuple[str, ...]
-    refused: dict[str, str]
-    report: SetReport
-    value: str | None = None
-
-
-@dataclass(frozen=True)
-class Listing:
-    """Live memories (core and tombstones omitted), sorted by slug."""
-
-    entries: list[ListingEntry]
-    report: SetReport
-
-
-@dataclass(frozen=True)
-class Refs:
-    """Reachability from core: reachable slugs, orphans and dangling `(from, to)` links."""
-
-    has_core: bool
-    reachable: list[str]
-    orphans: list[str]
-    dangling: list[tuple[str, str]]
-    report: SetReport
-
-
-class Matches(list[Match]):
-    """The search hits (a list) plus the `report` of the reads behind them."""
-
-    report: SetReport
-
-
-@dataclass(frozen=True)
-class RelaySync:
-    """What a sync, migration or import did on one relay."""
-
-    published: int = 0
-    up_to_date: int = 0
-    refused: dict[str, str] = field(default_factory=dict)  # event id -> reason
-    error: str | None = None
-    method: str | None = None  # how its holdings were learnt: "negentropy" or "req"
-
-    def line(self) -> str:
-        if self.error is not None:
-            return f"failed: {self.error}"
-        text = f"{self.published} republished, {self.up_to_date} already there"
-        text += f", {len(self.refused)} refused" if self.refused else ""
-        return text + (f" (via {self.method})" if self.method else "")
-
-
-@dataclass(frozen=True)
-class SyncReport:
-    heads: int
-    relays: dict[str, RelaySync]
-    report: SetReport
-
-    @property
-    def ok(self) -> bool:
-        return all(r.error is None and not r.refused for r in self.relays.values())
-
-
-@dataclass(frozen=True)
-class MigrateReport:
-    """`missing`: target -> slugs whose head could not be read back there."""
-
-    heads: int
-    targets: dict[str, RelaySync]
-    missing: dict[str, list[str]]
-    report: SetReport
-
-    @property
-    def ok(self) -> bool:
-        return not any(self.missing.values())
-
-
-@dataclass(frozen=True)
-class ExportReport:
-    path: str
-    heads: int
-    report: SetReport
-
-
-@dataclass(frozen=True)
-class ImportReport:
-    events: int  # valid events in the file
-    relays: dict[str, RelaySync]
-    report: SetReport  # `skipped` counts the file's invalid lines and events
-
-
-@dataclass(frozen=True)
-class CoreRead:
-    """The fetch hook's three outcomes: `profile` (a valid core was read), `absent`
-    (every relay answered and none holds a core candidate), `unknown` (anything else:
-    never teach the agent it has no memory because a read failed)."""
-
-    status: Literal["profile", "absent", "unknown"]
-    profile: str | None = None
-    reason: str = ""
-
-
-# --- validation -------------------------------------------------------------------------
-
-
-class _Checker:
-    """Validates each distinct event once (a tampered copy is a distinct event) and
-    counts the invalid ones by reason."""
-
-    def __init__(self, ident: Identity) -> None:
-        self._ident = ident
-        self._seen: dict[bytes, Head | None] = {}
-        self.skipped: Counter[str] = Counter()
-
-    def head(self, event: Event) -> Head | None:
-        key = msgspec.json.encode(event)
-        if key in self._seen:
-            return self._seen[key]
-        ident = self._ident
-        try:
-            body = validate_and_decrypt(event, ident.agent, ident.owner, ident.conversation_key)
-        except InvalidEngramError as exc:
-            self.skipped[SKIP_REASONS.get(exc.rule, "invalid")] += 1
-            result = None
-        else:
-            result = Head(event, body)
-        self._seen[key] = result
-        return result
-
-    def heads(self, events: Iterable[Event]) -> dict[str, Head]:
-        """slug -> head among `events` (spec: *Head selection*).
-
-        A valid event's slug re-derives to its `d` (rule 4), so grouping by `d` is grouping
-        by slug: each group is tried newest first (ties: lowest id) and the first valid
-        event is the head. Older versions are never decrypted, which keeps a relay that
-        returns every historical version as cheap as one that keeps only heads; every
-        event tried and found invalid is counted.
-        """
-        groups: dict[str, list[Event]] = {}
-        for event in events:
-            ds = [t[1] for t in event.tags if len(t) >= 2 and t[0] == "d"]
-            groups.setdefault(ds[0] if len(ds) == 1 else "", []).append(event)
-        out: dict[str, Head] = {}
-        for d, group in groups.items():
-            group.sort(key=lambda e: (-e.created_at, e.id))
-            for event in group:
-                if (h := self.head(event)) is not None:
-                    out[h.body.slug] = h
-                    if d:
-                        break
-        return out
-
-
-async def _fetch_ids(peer: Peer, ids: list[str]) -> list[Event]:
-    """The events with these ids that the relay serves, asked for a chunk at a time."""
-    out: list[Event] = []
-    for k in range(0, len(ids), FETCH_CHUNK):
-        out += await peer.fetch(ids[k : k + FETCH_CHUNK])
-    return out
-
-
-def _pick(heads: list[Head]) -> Head:
-    best = select_head(h.event for h in heads)
-    return next(h for h in heads if h.event is best)
-
-
-def _merge(views: Iterable[dict[str, Head]]) -> dict[str, Head]:
-    groups: dict[str, list[Head]] = {}
-    for view in views:
-        for slug, head in view.items():
-            groups.setdefault(slug, []).append(head)
-    return {slug: _pick(group) for slug, group in groups.items()}
-
-
-def _behind(views: dict[str, dict[str, Head]], merged: dict[str, Head]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for url, view in views.items():
-        n = sum(
-            1
-            for slug, h in merged.items()
-            if (v := view.get(slug)) is None or v.event.id != h.event.id
-        )
-        if n:
-            out[url] = n
-    return out
 
 
 @dataclass
@@ -429,7 +167,7 @@ class AgentMemory:
     def _report(
         self,
         session: RelaySession,
-        checker: _Checker,
+        checker: HeadChecker,
         answered: Iterable[str],
         behind: dict[str, int] | None = None,
         incomplete: dict[str, str] | None = None,
@@ -443,7 +181,7 @@ class AgentMemory:
             skipped=dict(checker.skipped),
         )
 
-    async def _read_slug(self, session: RelaySession, checker: _Checker, slug: str) -> _Read:
+    async def _read_slug(self, session: RelaySession, checker: HeadChecker, slug: str) -> _Read:
         d = d_tag(self.identity.conversation_key, slug)
         query = self._filter(**{"#d": [d]})
         answers = await session.on_each(lambda c: c.query(query))
@@ -458,87 +196,41 @@ class AgentMemory:
             url: {s: h for s, h in checker.heads(events).items() if s == slug}
             for url, events in answers.items()
         }
-        merged = _merge(views.values())
-        report = self._report(session, checker, answers, _behind(views, merged))
+        merged = merge_heads(views.values())
+        report = self._report(session, checker, answers, behind(views, merged))
         return _Read(merged, views, len(candidates), report)
 
     async def _read_all(
-        self, session: RelaySession, checker: _Checker, *, negentropy: bool = False
+        self, session: RelaySession, checker: HeadChecker, *, negentropy: bool = False
     ) -> tuple[_Read, dict[str, Fetched]]:
         """Every event of the memory from every relay, validated; heads merged.
 
         Each relay is paged with REQ, or with `negentropy`, reconciled where it serves
-        NIP-77 (`_reconciled`)."""
+        NIP-77 (`cli.memory_replication.reconciled`)."""
         limits = await session.max_limits()
         query = self._filter()
         methods: dict[str, str] = {}
         if negentropy:
-            fetched = await self._reconciled(session, query, limits, methods)
+            fetched = await reconciled(
+                session, self.identity.seckey, query, limits, methods, self.timeout
+            )
         else:
             fetched = await session.on_each(lambda c: fetch_all(c, query, limits.get(c.url)))
         session.raise_if_none(fetched)
         views = {url: checker.heads(f.events.values()) for url, f in fetched.items()}
-        merged = _merge(views.values())
+        merged = merge_heads(views.values())
         incomplete: dict[str, str] = {}
         for url, f in fetched.items():
             if methods.get(url) == "negentropy":
                 continue  # the reconciliation is exact
-            if f.ignores_until:
-                incomplete[url] = "the relay ignores `until`, so paging cannot go further back"
-            elif f.stuck_at:
-                seconds = ", ".join(str(s) for s in f.stuck_at[:3])
-                incomplete[url] = (
-                    f"more events share one second ({seconds}) than the relay returns per page"
-                )
-            elif limits.get(url) is None:
+            why = f.why_incomplete(limits.get(url) is not None)
+            if why is not None and limits.get(url) is None and f.complete:
                 note = getattr(session, "nip11_notes", {}).get(url, "no max_limit known")
-                incomplete[url] = f"{note}; paged until nothing new came back (may be partial)"
-        report = self._report(session, checker, fetched, _behind(views, merged), incomplete)
+                why = f"{note}; paged until nothing new came back (may be partial)"
+            if why is not None:
+                incomplete[url] = why
+        report = self._report(session, checker, fetched, behind(views, merged), incomplete)
         return _Read(merged, views, len(merged), report, methods), fetched
-
-    async def _reconciled(
-        self,
-        session: RelaySession,
-        query: dict[str, Any],
-        limits: dict[str, int | None],
-        methods: dict[str, str],
-    ) -> dict[str, Fetched]:
-        """What every relay holds of the memory, each distinct event downloaded once.
-
-        Heads are chosen after decryption, so the memory itself is still read: with REQ
-        paging from the relays NIP-11 says lack NIP-77 (or from the first relay when none
-        says so). Every other relay is reconciled with negentropy (NIP-77) against the
-        events read so far: the ids it lacks tell which heads to give it, and only the
-        events it alone holds are fetched, by id. A relay that turns negentropy down (NEG-ERR,
-        a NOTICE, no answer) is paged with REQ instead.
-        """
-        docs: dict[str, dict[str, Any]] = getattr(session, "nip11_docs", {})
-        seckey = self.identity.seckey
-        peers = {u: Peer(session.clients[u], seckey, docs.get(u)) for u in session.live}
-        paged = [u for u, p in peers.items() if p.serves_negentropy is False] or session.live[:1]
-        fetched = await session.on_each(lambda c: fetch_all(c, query, limits.get(c.url)), paged)
-        methods.update(dict.fromkeys(fetched, "req"))
-        known = {i: e for f in fetched.values() for i, e in f.events.items()}
-        items = Items.from_pairs((e.created_at, bytes.fromhex(i)) for i, e in known.items())
-        wait = min(NEG_OPEN_TIMEOUT, self.timeout)
-
-        async def one(client: RelayClient) -> Fetched:
-            peer = peers[client.url]
-            try:
-                lacks, extra, _ = await reconcile_items(peer, items, query, wait)
-            except Unsupported:
-                await peer.neg_close()
-                methods[client.url] = "req"
-                return await fetch_all(client, query, limits.get(client.url))
-            absent = set(lacks)
-            out = Fetched({i: e for i, e in known.items() if i not in absent})
-            out.events.update((e.id, e) for e in await _fetch_ids(peer, extra))
-            methods[client.url] = "negentropy"
-            return out
-
-        rest = [u for u in session.live if u not in paged]
-        fetched.update(await session.on_each(one, rest))
-        return fetched
 
     def _entry(self, read: _Read, slug: str) -> Entry:
         head = read.merged.get(slug)
@@ -571,7 +263,7 @@ class AgentMemory:
         return body
 
     async def _write(
-        self, session: RelaySession, checker: _Checker, body: Body, base: _Read
+        self, session: RelaySession, checker: HeadChecker, body: Body, base: _Read
     ) -> WriteResult:
         """Publish `body` over the newest head of the set, then re-read it on every relay
         that accepted (spec *Writing*: a lost race is a conflict, never a silent retry)."""
@@ -591,7 +283,10 @@ class AgentMemory:
             )
         except EngramError as exc:
             raise BadInputError(str(exc)) from exc
+        before = set(session.failed)
         answers = await session.on_each(lambda c: c.try_publish_many([event]))
+        # sent, then no OK before the deadline: such a relay may well hold the event
+        unsure = [u for u in session.failed if u not in before]
         said_no: dict[str, str] = {}
         accepted: list[str] = []
         lost: list[str] = []
@@ -605,6 +300,14 @@ class AgentMemory:
                 accepted.append(url)
         refused = {u: f"refused the event: {m}" for u, m in said_no.items()}
         refused.update(session.reasons())
+        for url in unsure:
+            refused[url] = f"{refused[url]} after the event was sent: it MAY have been written"
+        if not accepted and not lost and unsure:
+            names = ", ".join(unsure)
+            raise RelayError(
+                f"{body.slug}: no answer from {names} after the event was sent: the memory MAY "
+                "have been written; read it back before writing again"
+            )
         if not accepted and not lost:
             if len(session.urls) == 1 and said_no:
                 message = next(iter(said_no.values()))
@@ -657,7 +360,7 @@ class AgentMemory:
         slug = self.slug(slug)
         session = await self._session()
         try:
-            checker = _Checker(self.identity)
+            checker = HeadChecker(self.identity)
             return self._entry(await self._read_slug(session, checker, slug), slug)
         finally:
             await session.close()
@@ -685,23 +388,20 @@ class AgentMemory:
     async def search(self, query: str, *, regex: bool = False, limit: int = 20) -> Matches:
         """Slugs and values matching `query` (case-insensitive), searched after local
         decryption; the query never leaves this process."""
-        try:
-            pattern = re.compile(query if regex else re.escape(query), re.IGNORECASE)
-        except re.error as exc:
-            raise BadInputError(f"invalid regular expression: {exc}") from exc
-        if not query:
-            raise BadInputError("the search query is empty")
+        pattern = compile_query(query, regex)
         if limit < 1:
             raise BadInputError("--limit must be at least 1")
         read = await self._everything()
-        matches = Matches(search_heads(read.merged, pattern, limit))
+        # matched in a worker thread (the pattern releases the GIL), bounded in time
+        found = await asyncio.to_thread(search_heads, read.merged, pattern, limit)
+        matches = Matches(found)
         matches.report = read.report
         return matches
 
     async def _everything(self) -> _Read:
         session = await self._session()
         try:
-            read, _ = await self._read_all(session, _Checker(self.identity))
+            read, _ = await self._read_all(session, HeadChecker(self.identity))
             return read
         finally:
             await session.close()
@@ -716,7 +416,7 @@ class AgentMemory:
         session = RelaySession(self.relays, self.identity.seckey, self.timeout)
         try:
             await session.connect()
-            checker = _Checker(self.identity)
+            checker = HeadChecker(self.identity)
             try:
                 read = await self._read_slug(session, checker, CORE_SLUG)
             except AgentMemoryError as exc:
@@ -753,7 +453,7 @@ class AgentMemory:
         body = self._body(slug, value)
         session = await self._session()
         try:
-            checker = _Checker(self.identity)
+            checker = HeadChecker(self.identity)
             base = await self._read_slug(session, checker, slug)
             return await self._write(session, checker, body, base)
         finally:
@@ -776,7 +476,7 @@ class AgentMemory:
             raise BadInputError("--base-hash must be 64 hex characters (see `engram mem hash`)")
         session = await self._session()
         try:
-            checker = _Checker(self.identity)
+            checker = HeadChecker(self.identity)
             base = await self._read_slug(session, checker, slug)
             head = base.merged.get(slug)
             current = (body_text(head.body) if head is not None else None) or ""
@@ -804,7 +504,7 @@ class AgentMemory:
         body = self._body(slug, None)
         session = await self._session()
         try:
-            checker = _Checker(self.identity)
+            checker = HeadChecker(self.identity)
             base = await self._read_slug(session, checker, slug)
             self._entry(base, slug)  # raises NotFoundError
             return await self._write(session, checker, body, base)
@@ -813,46 +513,14 @@ class AgentMemory:
 
     # -- sync, migration, backup --
 
-    async def _spread(
-        self,
-        session: RelaySession,
-        heads: dict[str, Head],
-        held: dict[str, set[str]],
-        urls: Sequence[str],
-    ) -> dict[str, RelaySync]:
-        """Republish each head event, exactly as signed, to each relay that lacks it."""
-        out: dict[str, RelaySync] = {}
-        wanted = {h.event.id: h.event for h in heads.values()}
-        missing = {u: [e for i, e in wanted.items() if i not in held.get(u, set())] for u in urls}
-        answers = await session.on_each(
-            lambda c: c.try_publish_many(missing[c.url]), urls=[u for u in urls if missing[u]]
-        )
-        reasons = session.reasons()
-        for url in urls:
-            if url in reasons:
-                out[url] = RelaySync(error=reasons[url])
-                continue
-            results = answers.get(url, {})
-            refused = {
-                i: m
-                for i, (ok, m) in results.items()
-                if not ok or m.startswith("duplicate: a newer")
-            }
-            out[url] = RelaySync(
-                published=len(results) - len(refused),
-                up_to_date=len(wanted) - len(missing[url]),
-                refused=refused,
-            )
-        return out
-
     async def sync(self) -> SyncReport:
         """Give every relay of the set every head (memories, tombstones, core); idempotent."""
         session = await self._session()
         try:
-            checker = _Checker(self.identity)
+            checker = HeadChecker(self.identity)
             read, fetched = await self._read_all(session, checker, negentropy=True)
             held = {u: set(f.events) for u, f in fetched.items()}
-            relays = await self._spread(session, read.merged, held, list(fetched))
+            relays = await spread(session, read.merged, held, list(fetched))
             relays = {u: replace(r, method=read.methods.get(u)) for u, r in relays.items()}
             for url, reason in session.reasons().items():
                 relays.setdefault(url, RelaySync(error=reason))
@@ -866,19 +534,19 @@ class AgentMemory:
         targets = parse_relays(to)
         session = await self._session(list(dict.fromkeys([*self.relays, *targets])))
         try:
-            checker = _Checker(self.identity)
+            checker = HeadChecker(self.identity)
             sources = [u for u in self.relays if u in session.live]
             session.raise_if_none(sources)
             read, fetched = await self._read_all(session, checker, negentropy=True)
             held = {u: set(f.events) for u, f in fetched.items()}
             live_targets = [u for u in targets if u in fetched]
-            copied = await self._spread(session, read.merged, held, live_targets)
+            copied = await spread(session, read.merged, held, live_targets)
             copied = {u: replace(r, method=read.methods.get(u)) for u, r in copied.items()}
             # read back: every head's event id must now be on every target
             heads = [h.event.id for h in read.merged.values()]
             seckey = self.identity.seckey
             again = await session.on_each(
-                lambda c: _fetch_ids(Peer(c, seckey, None), heads), urls=live_targets
+                lambda c: Peer(c, seckey, None).fetch_ids(heads), urls=live_targets
             )
             missing: dict[str, list[str]] = {}
             for url in targets:
@@ -897,7 +565,7 @@ class AgentMemory:
         """Write every head event (ciphertext, as signed) to `path` as JSON lines."""
         session = await self._session()
         try:
-            checker = _Checker(self.identity)
+            checker = HeadChecker(self.identity)
             read, _ = await self._read_all(session, checker)
         finally:
             await session.close()
@@ -921,7 +589,7 @@ class AgentMemory:
             raw_lines = source.read_bytes().splitlines()
         except OSError as exc:
             raise BadInputError(f"cannot read {source}: {exc.strerror or exc}") from exc
-        checker = _Checker(self.identity)
+        checker = HeadChecker(self.identity)
         from_file: dict[str, Head] = {}
         file_views: list[dict[str, Head]] = []
         for line in raw_lines:
@@ -934,14 +602,14 @@ class AgentMemory:
                 continue
             if (h := checker.head(event)) is not None:
                 file_views.append({h.body.slug: h})
-        from_file = _merge(file_views)
+        from_file = merge_heads(file_views)
         session = await self._session()
         try:
             read, fetched = await self._read_all(session, checker)
             held = {u: set(f.events) for u, f in fetched.items()}
-            merged = _merge([from_file, read.merged])
+            merged = merge_heads([from_file, read.merged])
             mine = {s: h for s, h in merged.items() if s in from_file}
-            relays = await self._spread(session, mine, held, list(fetched))
+            relays = await spread(session, mine, held, list(fetched))
             for url, reason in session.reasons().items():
                 relays.setdefault(url, RelaySync(error=reason))
             report = self._report(session, checker, fetched, {}, read.report.incomplete)

@@ -5,7 +5,8 @@ two exceptions so the CLI can map it to an exit code: `RelayError` (network, TLS
 relay refusal: exit 2) or `AuthError` (NIP-42 refused, a read gated: exit 3). Timeouts
 are the caller's: it wraps the whole exchange in `asyncio.timeout`.
 
-Authentication is answered when the relay asks: a relay that sends a NIP-42 challenge
+Authentication is answered when the relay asks (one policy for REQ, EVENT and NEG-OPEN:
+`answer_auth_required`): a relay that sends a NIP-42 challenge
 (on connect, or with an `auth-required:` refusal) gets a signed AUTH and the request
 is sent again; a relay that never challenges (nostr-sdk's LocalRelay) is simply used.
 """
@@ -29,11 +30,12 @@ import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
 from cli.errors import AuthError, RelayError
-from engram.nip01 import Event, sign_event
-from relay.config import KIND_AUTH
+from engram.nip01 import Event
+from engram.nip42 import auth_event
 
 # An engram body is at most 65,535 bytes; its base64 NIP-44 payload plus the event fits in 1 MiB.
 MAX_FRAME = 1 << 20
+OPEN_TIMEOUT = 30.0  # seconds for the TCP, TLS and websocket handshakes
 
 
 __all__ = [
@@ -150,8 +152,7 @@ class RelayClient:
         while self._challenge is None:  # relays send it on connect (NIP-42)
             await self.recv()
         challenge = self._challenge
-        tags = [["relay", self.url], ["challenge", challenge]]
-        event = sign_event(seckey, int(time.time()), KIND_AUTH, tags, "", os.urandom(32))
+        event = auth_event(seckey, self.url, challenge, int(time.time()), os.urandom(32))
         await self.send(["AUTH", event])
         accepted, message = await self._wait_ok(event.id)
         if not accepted:
@@ -191,18 +192,29 @@ class RelayClient:
             elif msg[0] == "CLOSED":
                 return events, str(msg[2]) if len(msg) > 2 else ""
 
+    async def answer_auth_required(self, reason: str) -> bool:
+        """The one AUTH policy for a refusal: an `auth-required:` answer (to a REQ, an EVENT
+        or a NEG-OPEN) is met with AUTH once, when a key is held. True: ask again."""
+        if not reason.startswith("auth-required:") or self._seckey is None:
+            return False
+        if self._authenticated:
+            return False  # authenticated and still refused: AUTH cannot help
+        await self.authenticate()
+        return True
+
     async def query(self, nostr_filter: dict[str, Any]) -> list[Event]:
         """Stored events matching one filter, up to EOSE. Malformed events are dropped."""
         if self._should_auth():
             await self.authenticate()
         while True:
             events, closed = await self._query_once(nostr_filter)
-            gated = closed is not None and closed.startswith("auth-required:")
-            if self._should_auth() or (gated and self._seckey and not self._authenticated):
-                await self.authenticate()  # then ask again, as the authenticated key
+            if self._should_auth():  # challenged mid-request: ask again, authenticated
+                await self.authenticate()
                 continue
             if closed is None:
                 return events
+            if await self.answer_auth_required(closed):
+                continue
             if closed.startswith(("auth-required:", "restricted:")):
                 raise AuthError(f"relay refused the read: {closed}")
             raise RelayError(f"relay closed the subscription: {closed or 'no reason'}")
@@ -236,8 +248,7 @@ class RelayClient:
             await self.authenticate()
         results = await self._pipeline(events, window)
         retry = [e for e in events if results[e.id][1].startswith("auth-required:")]
-        if retry and self._seckey is not None and not self._authenticated:
-            await self.authenticate()
+        if retry and await self.answer_auth_required(results[retry[0].id][1]):
             results.update(await self._pipeline(retry, window))
         return results
 
@@ -255,22 +266,33 @@ class RelayClient:
         return results
 
 
-async def connect_relay(url: str, seckey: bytes | None = None) -> RelayClient:
-    """Connect (TLS verified with the default context for wss://); the caller closes it."""
+async def connect_relay(
+    url: str, seckey: bytes | None = None, open_timeout: float = OPEN_TIMEOUT
+) -> RelayClient:
+    """Connect (TLS verified with the default context for wss://); the caller closes it.
+
+    The TCP, TLS and websocket handshakes together get `open_timeout` seconds: a relay
+    that accepts the connection and then says nothing is a RelayError naming it."""
     try:
-        ws = await connect(url, max_size=MAX_FRAME, open_timeout=None, close_timeout=2)
+        ws = await connect(url, max_size=MAX_FRAME, open_timeout=open_timeout, close_timeout=2)
+    except TimeoutError as exc:
+        raise RelayError(
+            f"cannot connect to {url}: no handshake within {open_timeout:.3g} s"
+        ) from exc
     except (OSError, websockets.InvalidHandshake, websockets.InvalidURI, ssl.SSLError) as exc:
         raise RelayError(f"cannot connect to {url}: {_describe(exc)}") from exc
     return RelayClient(ws, url, seckey)
 
 
 @asynccontextmanager
-async def open_relay(url: str, seckey: bytes | None = None) -> AsyncIterator[RelayClient]:
+async def open_relay(
+    url: str, seckey: bytes | None = None, open_timeout: float = OPEN_TIMEOUT
+) -> AsyncIterator[RelayClient]:
     """Connect (TLS verified with the default context for wss://) and close on exit.
 
-    Callers bound the whole exchange with `asyncio.timeout`; this adds no timeout of its own.
+    Callers bound the rest of the exchange with `asyncio.timeout`.
     """
-    client = await connect_relay(url, seckey)
+    client = await connect_relay(url, seckey, open_timeout)
     try:
         yield client
     finally:

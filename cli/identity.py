@@ -55,8 +55,11 @@ def read_secret_key(key_file: Path | None, env: dict[str, str] | None = None) ->
     if key_file is not None:
         try:
             text = key_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"cannot read key file {key_file}: {exc.__class__.__name__}") from exc
+        except OSError as exc:
+            why = (exc.strerror or type(exc).__name__).lower()
+            raise InputError(f"cannot read key file {key_file}: {why}") from exc
+        except UnicodeDecodeError as exc:  # never echo its bytes: they may be a key
+            raise InputError(f"key file {key_file} is not text (UTF-8)") from exc
         source = f"key file {key_file}"
     elif env.get(ENV_KEY):
         text, source = env[ENV_KEY], ENV_KEY

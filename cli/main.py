@@ -134,10 +134,14 @@ def serve(
     add_help_option=False,
 )
 def bench(ctx: typer.Context) -> None:
-    """The benchmark suite: `engram bench micro|load|compare|crossnode|soak …`."""
-    from bench.__main__ import main as bench_main
+    """The benchmark suite: `engram bench micro|load|compare|crossnode|soak …`.
 
-    raise typer.Exit(bench_main(list(ctx.args)))
+    Runs `python -m bench` in its own process: bench builds on cli, never the reverse.
+    """
+    import subprocess
+    import sys
+
+    raise typer.Exit(subprocess.call([sys.executable, "-m", "bench", *ctx.args]))
 
 
 @app.command()

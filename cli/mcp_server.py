@@ -264,9 +264,21 @@ def build_server(memory: AgentMemory, timeout: float) -> EngramMCP:
         log_level="WARNING",
     )
 
-    async def call(op: Callable[[], Awaitable[CallToolResult]]) -> CallToolResult:
+    async def call(
+        op: Callable[[], Awaitable[CallToolResult]], slug: str | None = None
+    ) -> CallToolResult:
+        """Run one tool call within `timeout`; `slug` marks a write, whose event may have
+        reached a relay before the deadline cut it off."""
         try:
             return await bounded(op, timeout)
+        except TimeoutError as exc:
+            if slug is None:
+                return failure(*classify(exc))
+            return failure(
+                "relay",
+                f"{exc}; the write was cut off at its deadline, so the memory MAY have been "
+                f"written: memory_get {slug} before writing it again",
+            )
         except Exception as exc:
             code, message = classify(exc)
             if code == "error":
@@ -349,13 +361,13 @@ def build_server(memory: AgentMemory, timeout: float) -> EngramMCP:
         return await call(op)
 
     async def memory_set(slug: SlugArg, value: ValueArg) -> CallToolResult:
-        return await call(lambda: written(memory.set(slug, value), "saved"))
+        return await call(lambda: written(memory.set(slug, value), "saved"), slug)
 
     async def memory_patch(slug: SlugArg, diff: DiffArg, base_hash: BaseHashArg) -> CallToolResult:
-        return await call(lambda: written(memory.patch(slug, diff, base_hash), "patched"))
+        return await call(lambda: written(memory.patch(slug, diff, base_hash), "patched"), slug)
 
     async def memory_delete(slug: SlugArg) -> CallToolResult:
-        return await call(lambda: written(memory.rm(slug), "deleted"))
+        return await call(lambda: written(memory.rm(slug), "deleted"), slug)
 
     tools: list[tuple[Callable[..., Any], ToolAnnotations]] = [
         (memory_get, READ),

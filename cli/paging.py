@@ -5,22 +5,30 @@ every stored version and tombstone against it. Paging asks again with `until` se
 oldest `created_at` of the last page (inclusive, so events sharing that second are asked
 for again and recognised by id: the `(created_at, id)` tie-break) until a page comes back
 short. Paging makes no progress only on a relay that ignores `until`, or when more
-events share one second than fit in a page; those are reported, never hidden.
+events share one second than fit in a page; those are reported, never hidden, and never
+loop. A relay that keeps inventing new events is cut off after `MAX_PAGES` pages.
 
-`fetch_all` is how reads learn what a relay holds; sync and migration use it for one
-relay and for relays without NIP-77, and reconcile the others with negentropy
-(`AgentMemory._reconciled`).
+`fetch_all` is the one paging routine: agent-memory reads, `engram mem sync|migrate`
+and `engram sync` (`cli.peer.Peer.page`) all page through it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from cli.client import RelayClient
 from engram.nip01 import Event
 
 DEFAULT_PAGE = 500  # asked for when the relay does not publish max_limit (NIP-11)
+MAX_PAGES = 20_000  # a bound on rounds: 10 million events at 500 per page
+
+
+class Queryable(Protocol):
+    """Anything that answers one REQ up to EOSE: a `RelayClient`, or a `Peer` (which
+    bounds each REQ with its step deadline)."""
+
+    async def query(self, nostr_filter: dict[str, Any]) -> list[Event]: ...
 
 
 @dataclass
@@ -31,25 +39,49 @@ class Fetched:
     pages: int = 0
     stuck_at: list[int] = field(default_factory=list)  # seconds paging could not get past
     ignores_until: bool = False
+    cut_off: bool = False  # stopped at MAX_PAGES
 
     @property
     def complete(self) -> bool:
-        return not self.stuck_at and not self.ignores_until
+        return not self.stuck_at and not self.ignores_until and not self.cut_off
+
+    def why_incomplete(self, max_limit_known: bool) -> str | None:
+        """Why this listing may be partial, in words for the user; None if it is whole."""
+        if self.ignores_until:
+            return "the relay ignores `until`, so paging cannot go further back"
+        if self.stuck_at:
+            seconds = ", ".join(str(s) for s in self.stuck_at[:3])
+            return f"more events share one second ({seconds}) than the relay returns per page"
+        if self.cut_off:
+            return f"paging stopped after {self.pages} pages"
+        if not max_limit_known:
+            return "no max_limit known; paged until nothing new came back (may be partial)"
+        return None
 
 
 async def fetch_all(
-    client: RelayClient, nostr_filter: dict[str, Any], max_limit: int | None
+    client: Queryable,
+    nostr_filter: dict[str, Any],
+    max_limit: int | None,
+    *,
+    max_pages: int = MAX_PAGES,
+    on_page: Callable[[Fetched], None] | None = None,
 ) -> Fetched:
-    """Page through every event matching `nostr_filter` (which must not set limit/until).
+    """Page through every event matching `nostr_filter` (its limit is ignored; its
+    `until`, if any, is where paging starts).
 
     With a known `max_limit`, a page shorter than it is the last. Without one the relay
     may clamp silently, so paging continues until a page brings no new event.
     """
     page_size = max_limit or DEFAULT_PAGE
     out = Fetched()
-    until: int | None = None
+    base = {k: v for k, v in nostr_filter.items() if k not in ("limit", "until")}
+    until: int | None = nostr_filter.get("until")
     while True:
-        query = {**nostr_filter, "limit": page_size}
+        if out.pages >= max_pages:
+            out.cut_off = True
+            return out
+        query = {**base, "limit": page_size}
         if until is not None:
             query["until"] = until
         page = await client.query(query)
@@ -64,6 +96,8 @@ async def fetch_all(
         new = [e for e in page if e.id not in out.events]
         for e in new:
             out.events[e.id] = e
+        if on_page is not None:
+            on_page(out)
         short = len(page) < page_size
         oldest = min(e.created_at for e in page)
         if short and (max_limit is not None or not new):

@@ -114,7 +114,8 @@ class RelaySession:
 
     async def connect(self) -> None:
         async def one(url: str) -> RelayClient:
-            client = await connect_relay(url, self._seckey)
+            left = self._deadline - asyncio.get_running_loop().time()
+            client = await connect_relay(url, self._seckey, max(left, 0.1))
             self.clients[url] = client
             return client
 

@@ -1,14 +1,26 @@
 """Local search over decrypted memory: the relay only ever sees ciphertext, so the
-query is matched here, after decryption, and never sent anywhere."""
+query is matched here, after decryption, and never sent anywhere.
+
+A caller's regular expression can backtrack catastrophically (`(a|aa)+$`), and a
+match in CPython's `re` cannot be interrupted. Patterns are compiled with the `regex`
+module instead, whose matches take a timeout: the whole search gets `MATCH_SECONDS`
+and releases the GIL while matching (`concurrent=True`), so it can run in a worker
+thread while the event loop goes on; past its time it is a BadInputError.
+"""
 
 from __future__ import annotations
 
-import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import regex
+
+from cli.errors import BadInputError
 from engram import Head, Tombstone, body_text
 
 SNIPPET = 80  # characters of context shown around a match
+MATCH_SECONDS = 2.0  # for matching one query against every memory
 
 
 @dataclass(frozen=True)
@@ -33,19 +45,55 @@ def snippet(text: str, start: int, end: int, width: int = SNIPPET) -> str:
     return ("…" if lo else "") + _one_line(text[lo:hi]) + ("…" if hi < len(text) else "")
 
 
-def search_heads(heads: dict[str, Head], pattern: re.Pattern[str], limit: int) -> list[Match]:
+def compile_query(query: str, is_regex: bool) -> regex.Pattern[str]:
+    """The case-insensitive pattern for `query` (a literal text unless `is_regex`)."""
+    if not query:
+        raise BadInputError("the search query is empty")
+    try:
+        return regex.compile(query if is_regex else regex.escape(query), regex.IGNORECASE)
+    except regex.error as exc:
+        raise BadInputError(f"invalid regular expression: {exc}") from exc
+
+
+def search_heads(
+    heads: dict[str, Head],
+    pattern: regex.Pattern[str],
+    limit: int,
+    seconds: float = MATCH_SECONDS,
+) -> list[Match]:
     """Live heads (core included) whose slug or text matches, best first.
 
     Score: a match in the slug counts 10, each match in the text 1 (up to 10); ties go
-    to the newer entry, then the slug.
+    to the newer entry, then the slug. Matching stops after `seconds` (BadInputError).
     """
+    end = time.monotonic() + seconds
+
+    def left() -> float:
+        return max(end - time.monotonic(), 0.001)
+
+    try:
+        return _search(heads, pattern, limit, left)
+    except TimeoutError as exc:
+        raise BadInputError(
+            f"the regular expression did not finish matching within {seconds:g} s "
+            "(it backtracks too much): simplify it"
+        ) from exc
+
+
+def _search(
+    heads: dict[str, Head], pattern: regex.Pattern[str], limit: int, left: Callable[[], float]
+) -> list[Match]:
     found: list[Match] = []
     for slug, head in heads.items():
         if isinstance(head.body, Tombstone):
             continue
         text = body_text(head.body) or ""
-        in_slug = pattern.search(slug) is not None
-        hits = list(pattern.finditer(text))
+        in_slug = pattern.search(slug, timeout=left(), concurrent=True) is not None
+        hits = []
+        for hit in pattern.finditer(text, timeout=left(), concurrent=True):
+            hits.append(hit)
+            if len(hits) > 10:
+                break  # the score counts at most 10
         if not in_slug and not hits:
             continue
         score = (10 if in_slug else 0) + min(len(hits), 10)

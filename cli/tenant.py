@@ -1,6 +1,10 @@
 """`engram tenant …`: tenants (by host), aliases, members and per-tenant NIP-11/limits.
 
-Changes are written to PostgreSQL; running relays pick them up within seconds.
+Changes are written to the relay's own database (`--database-url` /
+`ENGRAM_DATABASE_URL`: where tenants are configured); running relays on that database
+pick them up within seconds. A tenant's events may live on a database of their own
+(`--tenant-database-url`). The two are easy to mix up, so every change says which
+database it was written to, and warns when no relay is connected to that database.
 """
 
 from __future__ import annotations
@@ -103,15 +107,63 @@ def _run(
     action: Callable[[Any], Awaitable[T]],
 ) -> T:
     """Run one admin action against the configured (or embedded) database."""
+    return _admin(database_url, data_dir, action)[0]
+
+
+# Sessions on this database besides ours: every running relay node holds a pool and a
+# LISTEN connection on its database, so none at all means no relay serves it.
+_OTHER_SESSIONS = (
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+)
+
+
+def _admin(
+    database_url: str | None,
+    data_dir: str | None,
+    action: Callable[[Any], Awaitable[T]],
+    check_served: bool = False,
+) -> tuple[T, str, bool]:
+    """(the action's result, the database URL, whether another session is connected to
+    it: checked only with `check_served`, else True)."""
     from relay.store import StoreError
     from relay.store.tenants import run_admin
 
     settings = settings_or_exit(database_url=database_url, data_dir=data_dir)
     url, _embedded = resolve_database_url(settings)
+
+    async def with_check(conn: Any) -> tuple[T, bool]:
+        result = await action(conn)
+        return result, (not check_served) or bool(await conn.fetchval(_OTHER_SESSIONS))
+
     try:
-        return asyncio.run(run_admin(url, action))
+        result, served = asyncio.run(run_admin(url, with_check))
     except StoreError as exc:
         raise _fail(str(exc), 2) from exc
+    return result, url, served
+
+
+def _change(
+    database_url: str | None,
+    data_dir: str | None,
+    action: Callable[[Any], Awaitable[T]],
+    said: Callable[[T], str],
+) -> T:
+    """Run one change; print what it did and the database it was written to, and warn
+    when no relay is connected to that database (the change is then served by nobody)."""
+    from cli.ops import mask_url
+
+    result, url, served = _admin(database_url, data_dir, action, check_served=True)
+    where = mask_url(url)
+    typer.echo(f"{said(result)} (written to the relay database {where})")
+    if not served:
+        typer.echo(
+            f"engram tenant: warning: no relay is connected to {where}, so no running relay"
+            " serves this change. --database-url names the relay's own database (where"
+            " tenants are configured); a tenant's events go to --tenant-database-url.",
+            err=True,
+        )
+    return result
 
 
 def _existing(host: str, database_url: str | None, data_dir: str | None) -> TenantConfig:
@@ -191,8 +243,7 @@ def add(
             await _prepare(cfg.database_url)
         await db.add_tenant(conn, cfg)
 
-    _run(database_url, data_dir, action)
-    typer.echo(f"added tenant {cfg.host}")
+    _change(database_url, data_dir, action, lambda _: f"added tenant {cfg.host}")
 
 
 @tenant_app.command("set")
@@ -255,8 +306,7 @@ def set_(
                 raise _fail(f"{h} is already served by a tenant")
         await db.update_tenant(conn, key, **fields)
 
-    _run(database_url, data_dir, action)
-    typer.echo(f"updated tenant {key}")
+    _change(database_url, data_dir, action, lambda _: f"updated tenant {key}")
 
 
 @tenant_app.command("move")
@@ -347,8 +397,7 @@ def rm(
             return deleted + await db.remove_tenant(conn, key, False)
         return await db.remove_tenant(conn, key, purge)
 
-    deleted = _run(database_url, data_dir, action)
-    typer.echo(f"removed tenant {key} ({deleted} events deleted)")
+    _change(database_url, data_dir, action, lambda n: f"removed tenant {key} ({n} events deleted)")
 
 
 def _member_action(host: str, pubkey: str, add: bool) -> Callable[[Any], Awaitable[bool]]:
@@ -369,8 +418,12 @@ def member_add(
 ) -> None:
     """Make PUBKEY (hex or npub) a member of the tenant on HOST."""
     key, pk = _host(host), _pubkey(pubkey)
-    changed = _run(database_url, data_dir, _member_action(key, pk, add=True))
-    typer.echo(f"{'added' if changed else 'already a member:'} {pk} to {key}")
+    _change(
+        database_url,
+        data_dir,
+        _member_action(key, pk, add=True),
+        lambda changed: f"{'added' if changed else 'already a member:'} {pk} to {key}",
+    )
 
 
 @member_app.command("rm")
@@ -379,9 +432,14 @@ def member_rm(
 ) -> None:
     """Remove PUBKEY from the tenant's members."""
     key, pk = _host(host), _pubkey(pubkey)
-    if not _run(database_url, data_dir, _member_action(key, pk, add=False)):
-        raise _fail(f"{pk} is not a member of {key}")
-    typer.echo(f"removed {pk} from {key}")
+    action = _member_action(key, pk, add=False)
+
+    async def remove(conn: Any) -> bool:
+        if not await action(conn):
+            raise _fail(f"{pk} is not a member of {key}")
+        return True
+
+    _change(database_url, data_dir, remove, lambda _: f"removed {pk} from {key}")
 
 
 @member_app.command("ls")

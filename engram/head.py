@@ -6,7 +6,7 @@ reader validates every candidate and picks the head itself. Pure: `now` is an ar
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import msgspec
@@ -20,13 +20,25 @@ from engram.slug import CORE_SLUG, d_tag
 FUTURE_SKEW_MAX = 600  # seconds a new created_at may run ahead of `now` before we refuse
 
 
+def head_key(created_at: int, event_id: str | bytes) -> tuple[int, str | bytes]:
+    """The head rule as a sort key, smallest first: the greatest `created_at`, then the
+    lowest id. Raw 32-byte ids order exactly as their lower-case hex, so the relay's
+    store (bytes) and readers (hex) break ties alike."""
+    return (-created_at, event_id)
+
+
+def beats(created_at: int, event_id: str | bytes, other_at: int, other_id: str | bytes) -> bool:
+    """True when (created_at, event_id) is the head over (other_at, other_id)."""
+    return head_key(created_at, event_id) < head_key(other_at, other_id)
+
+
 def select_head(events: Iterable[Event]) -> Event | None:
     """Greatest `created_at`; at equal `created_at` the lowest id (hex string order) wins.
 
     The result does not depend on input order. Callers pass only events already valid
     for the slug (see `lookup_head`); this function only breaks ties.
     """
-    return min(events, key=lambda e: (-e.created_at, e.id), default=None)
+    return min(events, key=lambda e: head_key(e.created_at, e.id), default=None)
 
 
 def monotonic_created_at(
@@ -81,9 +93,49 @@ def valid_heads(
     return out
 
 
-def _pick(heads: list[Head]) -> Head | None:
-    best = select_head(h.event for h in heads)
-    return next((h for h in heads if h.event is best), None)
+def pick_head(heads: Iterable[Head]) -> Head | None:
+    """The head among valid `heads` by `select_head`'s rule; None when there are none."""
+    return min(heads, key=lambda h: head_key(h.event.created_at, h.event.id), default=None)
+
+
+def merge_heads(views: Iterable[dict[str, Head]]) -> dict[str, Head]:
+    """slug -> the head across several readers' views (e.g. one per relay)."""
+    groups: dict[str, list[Head]] = {}
+    for view in views:
+        for slug, head in view.items():
+            groups.setdefault(slug, []).append(head)
+    return {slug: h for slug, group in groups.items() if (h := pick_head(group)) is not None}
+
+
+def first_valid_heads(
+    events: Iterable[Event], check: Callable[[Event], Head | None]
+) -> dict[str, Head]:
+    """slug -> head among `events`, validating as few events as possible.
+
+    `check` is the five validity rules (`validate_and_decrypt`, or a caching wrapper):
+    a Head, or None for an invalid event. A valid event's slug re-derives to its `d`
+    (rule 4), so grouping by `d` is grouping by slug: each group is tried in head order
+    and its first valid event is the head. Older versions are never decrypted, which
+    keeps a relay that returns every historical version as cheap as one that keeps only
+    heads. Events without exactly one `d` can never be valid; they are all tried (and
+    counted invalid by `check`).
+    """
+    groups: dict[str, list[Event]] = {}
+    for event in events:
+        ds = [t[1] for t in event.tags if len(t) >= 2 and t[0] == "d"]
+        groups.setdefault(ds[0] if len(ds) == 1 else "", []).append(event)
+    out: dict[str, Head] = {}
+    for d, group in groups.items():
+        group.sort(key=lambda e: head_key(e.created_at, e.id))
+        for event in group:
+            if (h := check(event)) is not None:
+                if (prior := out.get(h.body.slug)) is None or beats(
+                    h.event.created_at, h.event.id, prior.event.created_at, prior.event.id
+                ):
+                    out[h.body.slug] = h
+                if d:
+                    break
+    return out
 
 
 def lookup_head(
@@ -98,17 +150,22 @@ def lookup_head(
     d = d_tag(conversation_key, slug)
     candidates = [e for e in events if any(t[:2] == ["d", d] for t in e.tags)]
     heads = valid_heads(candidates, agent_pubkey, owner_pubkey, conversation_key)
-    return Lookup(_pick(heads), len(candidates), len(candidates) - len(heads))
+    return Lookup(pick_head(heads), len(candidates), len(candidates) - len(heads))
 
 
 def heads_by_slug(
     events: Iterable[Event], agent_pubkey: str, owner_pubkey: str, conversation_key: bytes
 ) -> dict[str, Head]:
     """Drop invalid events, group by slug (equivalently by `d`), keep each group's head."""
-    groups: dict[str, list[Head]] = {}
-    for head in valid_heads(events, agent_pubkey, owner_pubkey, conversation_key):
-        groups.setdefault(head.body.slug, []).append(head)
-    return {slug: h for slug, group in groups.items() if (h := _pick(group)) is not None}
+
+    def check(event: Event) -> Head | None:
+        try:
+            body = validate_and_decrypt(event, agent_pubkey, owner_pubkey, conversation_key)
+        except InvalidEngramError:
+            return None
+        return Head(event, body)
+
+    return first_valid_heads(events, check)
 
 
 class ListingEntry(msgspec.Struct, frozen=True):

@@ -15,10 +15,10 @@ from typing import Any
 import msgspec
 
 from engram import KIND_ENGRAM as KIND_ENGRAM  # re-exported: relay code imports it here
+from engram.nip42 import KIND_AUTH as KIND_AUTH  # re-exported, as KIND_ENGRAM
 from relay.durations import parse_duration
 from relay.ratelimit import RateLimits
 
-KIND_AUTH = 22242  # NIP-42
 PRIVATE_KINDS = (4, 1059, 1060)  # Limits.private_kinds by default
 
 

@@ -129,6 +129,62 @@ async def fake_relay(handler: Any) -> AsyncIterator[str]:
         yield f"ws://127.0.0.1:{port}"
 
 
+@contextlib.asynccontextmanager
+async def accepting_silent_tcp() -> AsyncIterator[str]:
+    """A TCP server that accepts every connection, reads what comes and never answers a
+    byte (no HTTP, no websocket handshake): "relay hanging after accept"."""
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while await reader.read(65536):
+                pass
+        writer.close()
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"ws://127.0.0.1:{port}"
+    finally:
+        server.close()
+
+
+@contextlib.asynccontextmanager
+async def stalling_relays() -> AsyncIterator[list[str]]:
+    """Two relays that accept the connection and then never answer: a raw TCP server
+    (silent before the websocket handshake) and a websocket server (silent after it)."""
+    async with accepting_silent_tcp() as tcp, fake_relay(silent_relay) as ws:
+        yield [tcp, ws]
+
+
+@contextlib.asynccontextmanager
+async def ok_dropping_proxy(upstream: str) -> AsyncIterator[str]:
+    """A websocket proxy to a real relay that forwards everything but the `OK` answers to
+    EVENTs (AUTH is answered): EVENTs are stored, and the client never hears so."""
+
+    async def handler(ws: ServerConnection) -> None:
+        sent: set[str] = set()
+        async with websockets.connect(upstream, max_size=None) as up:
+
+            async def client_to_relay() -> None:
+                async for frame in ws:
+                    if (event_id := _frame_id(frame, "EVENT")) is not None:
+                        sent.add(event_id)
+                    await up.send(frame)
+
+            async def relay_to_client() -> None:
+                async for frame in up:
+                    if _frame_id(frame, "OK") not in sent:
+                        await ws.send(frame)
+
+            pumps = [asyncio.create_task(p()) for p in (client_to_relay, relay_to_client)]
+            _, pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+
+    async with fake_relay(handler) as url:
+        yield url
+
+
 async def silent_relay(ws: ServerConnection) -> None:
     """Completes the websocket handshake, then says nothing at all."""
     await ws.wait_closed()

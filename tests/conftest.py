@@ -16,12 +16,34 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from engram.nip01 import Event, sign_event
 from relay.store.embedded import quote_ident, start_server, with_database
 
 # Relay-process fixtures (`start_relay`, `relay`) live in tests/relay_fixtures.py.
 pytest_plugins = ["relay_fixtures"]
+
+# --- Hypothesis profiles: the one place they are registered ------------------------------
+# No per-example deadline anywhere: a property test must not fail because a loaded 2-core
+# machine was slow. "ci" (.ci/run sets HYPOTHESIS_PROFILE=ci; so does CI=true) also fixes
+# the examples: derandomized, a fixed count where a test does not set its own, and no
+# example database, so every run of a fresh clone tries exactly the same inputs.
+HYPOTHESIS_PROFILES = ("ci", "dev")
+hypothesis_settings.register_profile(
+    "ci",
+    deadline=None,
+    max_examples=100,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+hypothesis_settings.register_profile("dev", deadline=None)
+hypothesis_settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+)
 
 # --- Postgres -------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import websockets
 from engram.nip01 import Event, pubkey_of, sign_event
 
 # How long to wait for a message that should come: an outer bound generous enough for a
-# loaded 2-core machine (checks that nothing arrives pass their own short timeout).
+# loaded 2-core machine (checks that nothing arrives wait for a probe: `until_probe`).
 TIMEOUT = 30.0
 OPEN_TIMEOUT = 60.0  # websockets' default (10 s) is too short for 100 handshakes under load
 
@@ -69,6 +69,20 @@ class Client:
                 skipped.append(msg)
         finally:
             self.backlog.extend(skipped)
+
+    async def until_probe(self, probe_id: str, timeout: float = TIMEOUT) -> list[list[Any]]:
+        """Every message received before the EVENT carrying `probe_id`, which must come.
+
+        "Nothing arrives" is asserted against this positive marker: publish a probe
+        event after the thing that must not be delivered, then check what came before
+        the probe. A late delivery cannot slip past it, as it could past a short sleep.
+        """
+        before: list[list[Any]] = []
+        while True:
+            msg = await self.recv(timeout)
+            if msg[0] == "EVENT" and len(msg) > 2 and msg[2].get("id") == probe_id:
+                return before
+            before.append(msg)
 
     async def publish(self, event: Event) -> list[Any]:
         await self.send(["EVENT", event])

@@ -17,6 +17,7 @@ from cli_support import (
     fake_relay,
     listening_never_accepting,
     silent_relay,
+    stalling_relays,
 )
 from typer.testing import CliRunner
 
@@ -137,6 +138,19 @@ async def test_hanging_tcp_times_out_with_exit_2() -> None:
         result = await run(url, "mem", "ls", "--timeout", "0.5")
     assert result.returncode == 2
     assert b"timed out" in result.stderr or b"NIP-11" in result.stderr
+
+
+async def test_relays_that_accept_and_never_answer_end_mem_at_its_deadline() -> None:
+    """Silent before the websocket handshake, and after it: `engram mem ls` (and a read
+    and a write) end at --timeout with exit 2, naming no result."""
+    async with stalling_relays() as stalled:
+        for url in stalled:
+            for args in (("ls",), ("get", "x"), ("set", "x", "v")):
+                result = await run(url, "mem", *args, "--timeout", "2")
+                err = result.stderr.decode()
+                assert result.returncode == 2, (url, args, err)
+                assert "timed out" in err and err.count("\n") == 1, err
+                assert result.stdout == b""
 
 
 def test_unexpected_errors_are_exit_4_on_one_line() -> None:

@@ -350,3 +350,46 @@ def test_ls_pages_past_max_limit(start_relay, keys: Keys) -> None:  # type: igno
         f"mem/{s}".encode() for s in "abcdefg"
     ]
     assert full.stderr == b""
+
+
+def _bad_key_files(tmp_path, keys: Keys) -> list[tuple[str, str, str]]:  # type: ignore[no-untyped-def]
+    """(path, what the error must say, text that must never be printed)."""
+    secret = keys.agent_sk.hex()
+    malformed = tmp_path / "malformed.key"
+    malformed.write_text(secret[:-2] + "zz\n")  # a key with one bad byte: never echoed
+    binary = tmp_path / "binary.key"
+    binary.write_bytes(b"\xff\xfe" + keys.agent_sk)
+    cases = [
+        (str(tmp_path / "missing.key"), "cannot read key file", "no such file"),
+        (str(tmp_path), "cannot read key file", "is a directory"),  # unreadable as a file
+        (str(binary), "is not text", "utf-8"),
+        (str(malformed), "key file", str(malformed)),
+    ]
+    if os.geteuid() != 0:  # root reads a mode-000 file anyway
+        locked = tmp_path / "locked.key"
+        locked.write_text(secret)
+        locked.chmod(0)
+        cases.append((str(locked), "cannot read key file", "permission denied"))
+    return [(path, said, also) for path, said, also in cases]
+
+
+def test_missing_unreadable_or_malformed_key_file_is_bad_input(
+    keys: Keys,
+    tmp_path,  # type: ignore[no-untyped-def]
+) -> None:
+    """`engram mem` and `engram sync` name the file and the problem, exit 1, and never
+    print the file's content. No relay is contacted (the URL is never listened on)."""
+    relay = f"ws://127.0.0.1:{closed_port()}"
+    env = keys.agent_env(relay)
+    del env["ENGRAM_PRIVATE_KEY"]
+    for path, said, also in _bad_key_files(tmp_path, keys):
+        for args in (
+            ("mem", "get", "k", "--key-file", path),
+            ("sync", "--from", relay, "--to", relay, "--key-file", path),
+        ):
+            result = engram(*args, env=env)
+            err = result.stderr.decode()
+            assert result.returncode == 1, (args, err)
+            one_error_line(result)
+            assert said in err and also.lower() in err.lower(), (args, err)
+            assert keys.agent_sk.hex()[:-2].encode() not in result.stdout + result.stderr

@@ -14,7 +14,15 @@ import msgspec
 import pytest
 import websockets
 from ae_vectors import SECKEY_A, ae_events
-from cli_support import ENGRAM, ROOT, clean_env, engram_async, fake_relay
+from cli_support import (
+    ENGRAM,
+    ROOT,
+    clean_env,
+    engram_async,
+    fake_relay,
+    ok_dropping_proxy,
+    stalling_relays,
+)
 from negentropy_support import BASE, event, local_relay, same_second_pair
 from nostr_client import Client, pub
 from websockets.asyncio.server import ServerConnection
@@ -169,7 +177,7 @@ async def test_falls_back_when_negentropy_is_not_understood(start_relay, answer:
     other = start_relay()
     await publish(other.url, b)
     async with fake_relay(proxy) as url:
-        out = await sync("--from", url, "--to", other.url, "--timeout", "3")
+        out = await sync("--from", url, "--to", other.url, "--step-timeout", "3")
     assert out["method"] == "negentropy+req", out
     why = "no negentropy answer" if answer == "nothing" else "NOTICE"
     assert why in out["fallback"][url]
@@ -237,3 +245,107 @@ async def test_progress_bar_on_a_terminal(start_relay) -> None:
     assert b"copying up [" in shown and b"] 3/3" in shown  # the bar, redrawn in place
     assert b"\r" in shown
     assert b"copied: 3 up, 0 down" in out  # the summary still goes to stdout
+
+
+# --- bounded in time, and nothing hidden -------------------------------------------------
+
+
+async def test_a_relay_that_accepts_and_never_answers_is_named_exit_2(start_relay) -> None:
+    """Silent before the websocket handshake and silent after it, on either side: each
+    step has its deadline (--step-timeout), the run has one (--timeout), and the error
+    names the relay that stalled; nothing is reported as done."""
+    real = start_relay()
+    await publish(real.url, sets()[0][:5])
+    async with stalling_relays() as stalled:
+        for url in stalled:
+            for args in (
+                ("--from", url, "--to", real.url, "--step-timeout", "1"),
+                ("--from", real.url, "--to", url, "--step-timeout", "1"),
+                ("--from", url, "--to", real.url, "--timeout", "3"),  # the run's deadline
+            ):
+                done = await engram_async("sync", *args, "--json", env=clean_env())
+                err = done.stderr.decode()
+                assert done.returncode == 2, err
+                assert url in err and err.count("\n") == 1, err
+                assert done.stdout == b""  # no summary: nothing reported as done
+
+
+async def test_a_stall_while_copying_says_the_sync_is_not_complete(start_relay) -> None:
+    """The destination stores the events but never answers OK: exit 2, naming it and
+    saying the run stopped part-way, never a summary of a finished copy."""
+    src, dst = start_relay(), start_relay()
+    events = sets()[0][:5]
+    await publish(src.url, events)
+    async with ok_dropping_proxy(dst.url) as mute:
+        done = await engram_async(
+            "sync", "--from", src.url, "--to", mute, "--step-timeout", "2", env=clean_env()
+        )
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert mute in err and "NOT complete" in err and "run it again" in err
+    assert done.stdout == b""
+
+
+def _frozen_relay(events: list) -> object:
+    """A relay without NIP-77 that ignores `until`: every REQ gets the same page (the
+    events asked for by id when `ids` is given)."""
+
+    async def handler(ws: ServerConnection) -> None:
+        async for frame in ws:
+            msg = json.loads(frame)
+            if msg[0] == "NEG-OPEN":
+                await ws.send(json.dumps(["NEG-ERR", msg[1], "blocked: not here"]))
+            elif msg[0] == "REQ":
+                ids = msg[2].get("ids")
+                for e in events:
+                    if ids is None or e.id in ids:
+                        await ws.send(msgspec.json.encode(["EVENT", msg[1], e]).decode())
+                await ws.send(json.dumps(["EOSE", msg[1]]))
+
+    return handler
+
+
+async def test_paging_a_relay_that_ignores_until_ends_and_says_so(start_relay) -> None:
+    """REQ paging used to ask the same `until` forever of a relay that ignores it."""
+    dst = start_relay()
+    events = sets()[0][0:16:4]  # four seconds, one event each
+    async with fake_relay(_frozen_relay(events)) as frozen:
+        done = await engram_async(
+            "sync", "--from", frozen, "--to", dst.url, "--json", env=clean_env()
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    out = json.loads(done.stdout)
+    assert "ignores `until`" in out["incomplete"][frozen]
+    assert (out["have"], out["copied_up"]) == (4, 4)
+    assert "may be incomplete" in done.stderr.decode()
+    assert await ids_on(dst.url) == {e.id for e in events}
+
+
+async def test_more_events_in_one_second_than_a_page_is_reported(start_relay) -> None:
+    """Ten events share a second on a relay serving seven per REQ: paging used to step
+    below that second and skip three without a word."""
+    small = start_relay(env={"ENGRAM_LIMITS_MAX_LIMIT": "7", "ENGRAM_NEGENTROPY_MAX_SESSIONS": "0"})
+    dst = start_relay()
+    crowd = [event(3000 + i, BASE + 500) for i in range(10)]
+    await publish(small.url, [*crowd, event(3100, BASE + 400)])
+    out = await sync("--from", small.url, "--to", dst.url)
+    assert out["method"] == "negentropy+req"
+    assert f"({BASE + 500})" in out["incomplete"][small.url]
+    assert "share one second" in out["incomplete"][small.url]
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--filter", "{not json"), "--filter must be a JSON object"),
+        (("--filter", "[1, 2]"), "--filter must be a JSON object"),
+        (("--direction", "sideways"), "--direction must be one of up, down, both"),
+    ],
+)
+async def test_bad_filter_or_direction_is_a_clear_error(args: tuple[str, ...], words: str) -> None:
+    done = await engram_async(
+        "sync", "--from", "ws://127.0.0.1:1", "--to", "ws://127.0.0.1:2", *args, env=clean_env()
+    )
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    assert err.startswith("engram: ") and words in err and err.count("\n") == 1

@@ -14,13 +14,16 @@ from engram import (
     Event,
     Memory,
     Tombstone,
+    beats,
     build_event,
     conversation_key,
     core_profile,
     heads_by_slug,
     listing,
     lookup_head,
+    merge_heads,
     monotonic_created_at,
+    pick_head,
     select_head,
 )
 from engram.nip01 import pubkey_of, sign_event
@@ -231,3 +234,74 @@ def test_foreign_events_are_never_selected(case, rnd) -> None:
     assert found.head.event in legit
     assert found.head.event is select_head(legit)
     assert found.head.event.pubkey == AGENT and ["p", OWNER] in found.head.event.tags
+
+
+# --- one home for the head rule: the client and the store use these ----------------------
+
+
+@given(EVENTS)
+def test_beats_is_select_heads_rule_on_hex_and_on_raw_ids(events: list[Event]) -> None:
+    """Readers compare hex ids, the store raw bytes: the same order either way."""
+    head = select_head(events)
+    assert head is not None
+    for other in events:
+        if other is head:
+            continue
+        assert beats(head.created_at, head.id, other.created_at, other.id)
+        raw = bytes.fromhex(head.id), bytes.fromhex(other.id)
+        assert beats(head.created_at, raw[0], other.created_at, raw[1])
+        assert not beats(other.created_at, raw[1], head.created_at, raw[0])
+
+
+@given(EVENTS)
+def test_the_stores_in_batch_rule_is_the_same_rule(events: list[Event]) -> None:
+    """`relay.store.postgres._Pending.beats` settles two writes of one address in a batch."""
+    from relay.store.postgres import _Pending
+
+    rows = {
+        e.id: _Pending("t", (bytes.fromhex(e.id), b"", e.created_at, 30174, "d"), None)  # type: ignore[arg-type]
+        for e in events
+    }
+    head = select_head(events)
+    assert head is not None
+    assert all(rows[head.id].beats(rows[e.id]) for e in events if e is not head)
+
+
+@st.composite
+def memory_versions(draw):
+    """Versions of a few slugs (ties included) plus invalid events, split into views."""
+    events = []
+    for i in range(draw(st.integers(1, 8))):
+        slug = draw(st.sampled_from(["mem/a", "mem/b", "core"]))
+        ts = draw(st.integers(0, 4))
+        body = Core(profile=f"p{i}") if slug == "core" else Memory(slug=slug, value=f"v{i}")
+        event = write(body, ts, i + 1)
+        if draw(st.booleans()) and draw(st.booleans()):
+            event = msgspec.structs.replace(event, created_at=ts + 9)  # tampered: invalid
+        events.append(event)
+    views = draw(st.lists(st.sampled_from(range(3)), min_size=len(events), max_size=len(events)))
+    return events, [[e for e, v in zip(events, views, strict=True) if v == k] for k in range(3)]
+
+
+@settings(max_examples=40)
+@given(memory_versions(), st.randoms())
+def test_the_clients_checker_and_merge_are_engrams_rule(case, rnd) -> None:
+    """`cli.memory_heads.HeadChecker` (validating lazily, newest first) and merging the
+    relays' views (`merge_heads`) give exactly `heads_by_slug` of everything."""
+    from cli.identity import Identity
+    from cli.memory_heads import HeadChecker
+
+    events, views = case
+    rnd.shuffle(events)
+    whole = heads_by_slug(events, AGENT, OWNER, K_C)
+    ident = Identity(seckey=SEC_A, agent=AGENT, owner=OWNER, conversation_key=K_C, as_owner=False)
+    checker = HeadChecker(ident)
+    assert {s: h.event for s, h in checker.heads(events).items()} == {
+        s: h.event for s, h in whole.items()
+    }
+    merged = merge_heads(heads_by_slug(v, AGENT, OWNER, K_C) for v in views)
+    assert {s: h.event for s, h in merged.items()} == {s: h.event for s, h in whole.items()}
+    for slug, head in whole.items():
+        valid = [e for e in events if lookup_head([e], AGENT, OWNER, K_C, slug).head]
+        assert head.event is select_head(valid)
+        assert pick_head([head]) is head

@@ -27,7 +27,9 @@ from cli_support import (
     closed_port,
     engram,
     listening_never_accepting,
+    ok_dropping_proxy,
     shared_relay,
+    stalling_relays,
 )
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -370,6 +372,62 @@ async def test_hanging_relay_times_out_as_a_relay_error(keys: Keys, tmp_path: Pa
     async with http_server(env, "--timeout", "1", log_dir=tmp_path) as server:
         await server.error("memory_list", "relay")
         await server.error("memory_refs", "relay")
+
+
+EVERY_CALL = [
+    ("memory_get", {"slug": "notes/x"}),
+    ("memory_hash", {"slug": "notes/x"}),
+    ("memory_list", {}),
+    ("memory_search", {"query": "x"}),
+    ("memory_refs", {}),
+    ("memory_set", {"slug": "notes/x", "value": "v"}),
+    ("memory_patch", {"slug": "notes/x", "diff": "", "base_hash": "0" * 64}),
+    ("memory_delete", {"slug": "notes/x"}),
+]
+
+
+async def test_every_tool_errors_when_the_relay_accepts_and_never_answers(
+    keys: Keys, tmp_path: Path
+) -> None:
+    """A server that accepts the TCP connection and says nothing (before or after the
+    websocket handshake): every tool, the resource and the prompt end at the deadline."""
+    assert {tool for tool, _ in EVERY_CALL} == READ_TOOLS | WRITE_TOOLS
+    async with stalling_relays() as stalled:
+        for url in stalled:
+            env = keys.agent_env(url)
+            async with stdio_server(env, "--timeout", "2", log_dir=tmp_path) as server:
+                for tool, args in EVERY_CALL:
+                    message = await server.error(tool, "relay", **args)
+                    assert "timed out" in message or "no answer" in message, message
+                assert await server.core_prompt() == []
+                assert await server.core_resource() == ""
+
+
+async def test_a_catastrophic_regex_is_bad_input_and_the_server_keeps_serving(
+    relay: RelayProcess, keys: Keys, tmp_path: Path
+) -> None:
+    """`(a|aa)+$` against 60 a's and a `!` backtracks for longer than anyone waits: it is
+    matched with a time limit, off the event loop."""
+    async with stdio_server(keys.agent_env(relay.url), log_dir=tmp_path) as server:
+        await server.ok("memory_set", slug="notes/aaa", value="a" * 60 + "!")
+        message = await server.error("memory_search", "bad_input", query="(a|aa)+$", regex=True)
+        assert "regular expression" in message and "simplify" in message
+        found = await server.ok("memory_search", query="a+!$", regex=True)
+        assert [m["slug"] for m in found.structured_content["matches"]] == ["mem/notes/aaa"]
+
+
+async def test_a_write_cut_off_at_its_deadline_may_have_been_written(
+    relay: RelayProcess, keys: Keys, tmp_path: Path
+) -> None:
+    """The relay stores the event but its OK never arrives: the error must not read as
+    "nothing was written"."""
+    async with ok_dropping_proxy(relay.url) as mute:
+        env = keys.agent_env(mute)
+        async with stdio_server(env, "--timeout", "3", log_dir=tmp_path) as server:
+            message = await server.error("memory_set", "relay", slug="notes/x", value="kept")
+            assert "MAY have been written" in message, message
+    async with stdio_server(keys.agent_env(relay.url), log_dir=tmp_path) as server:
+        assert (await server.ok("memory_get", slug="notes/x")).content[0].text == "kept"
 
 
 async def test_a_relay_set_in_engram_relay(start_relay: Any, keys: Keys, tmp_path: Path) -> None:

@@ -65,3 +65,50 @@ def test_engram_source_has_no_clock_randomness_or_io() -> None:
         imports, calls = _imports_and_calls(path)
         assert not imports & FORBIDDEN_IMPORTS, f"{path.name} imports {imports & FORBIDDEN_IMPORTS}"
         assert not calls & FORBIDDEN_CALLS, f"{path.name} calls {calls & FORBIDDEN_CALLS}"
+
+
+# --- imports run one way: engram <- relay <- cli <- bench ---------------------------------
+
+CLI = PACKAGE.parent / "cli"
+
+
+def _module_imports(path: Path) -> set[str]:
+    """Every module a file imports, dotted in full (`from a.b import c` gives `a.b`)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+    return out
+
+
+def test_cli_never_imports_bench() -> None:
+    """`engram bench` runs `python -m bench` in a process of its own."""
+    for path in sorted(CLI.glob("*.py")):
+        bad = {m for m in _module_imports(path) if m.split(".")[0] == "bench"}
+        assert not bad, f"cli/{path.name} imports {bad}"
+
+
+def test_the_client_library_takes_protocol_constants_from_engram() -> None:
+    """The relay client speaks the protocol; it does not reach into the relay for it."""
+    for name in ("client.py", "peer.py", "paging.py", "reconcile.py"):
+        imports = _module_imports(CLI / name)
+        assert not {m for m in imports if m.split(".")[0] == "relay"}, name
+
+
+def test_the_agent_memory_api_imports_no_command_module() -> None:
+    """`AgentMemory` and its parts are a library: no typer, no `engram …` command."""
+    commands = {"cli.sync", "cli.mem", "cli.main", "cli.tenant", "cli.mcp", "cli.ops"}
+    library = ["agent_memory", "memory_results", "memory_heads", "memory_replication"]
+    library += ["peer", "reconcile", "paging", "relayset", "client", "search"]
+    for name in library:
+        imports = _module_imports(CLI / f"{name}.py")
+        assert "typer" not in imports and not imports & commands, (name, imports & commands)
+
+
+def test_the_head_rule_is_stated_once() -> None:
+    """The client breaks head ties through `engram.head`, never with its own sort key."""
+    for path in sorted(CLI.glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        assert "-e.created_at, e.id" not in text and "select_head(" not in text, path.name

@@ -278,11 +278,12 @@ async def test_eose_then_live_then_close(shared_relay):
         await sub.send(["CLOSE", "live"])
         # the relay handles a connection's frames in order: once a later REQ has its EOSE,
         # the CLOSE has been applied (a fixed sleep may be too short on a loaded machine)
-        _, end = await sub.req("probe", {"ids": ["0" * 64]})
+        closed, probe = ev(sk, content="closed"), ev(sk, kind=7, content="probe")
+        _, end = await sub.req("probe", {"ids": [probe.id]})
         assert end == ["EOSE", "probe"]
-        assert (await pubr.publish(ev(sk, content="closed")))[2]
-        with pytest.raises(asyncio.TimeoutError):
-            await sub.recv(timeout=0.5)
+        assert (await pubr.publish(closed))[2]
+        assert (await pubr.publish(probe))[2]
+        assert await sub.until_probe(probe.id) == []  # the probe alone: nothing on "live"
 
 
 async def test_ephemeral_delivered_not_stored(shared_relay):
@@ -410,11 +411,12 @@ async def test_engram_vectors_and_read_gate(shared_relay):
             assert all(x["kind"] != 30174 for x in await stranger.query(flt))
             assert all(x["kind"] != 30174 for x in await anon.query(flt))
         assert await stranger.query({"ids": [e.id for e in events]}) == []
-        # the live {} subscription of the third key saw none of them
-        with pytest.raises(asyncio.TimeoutError):
-            while True:
-                msg = await stranger.recv(timeout=0.5)
-                assert not (msg[0] == "EVENT" and msg[2]["kind"] == 30174), msg
+        # the live {} subscription of the third key saw none of them: a probe published
+        # after them arrives, and no engram before it
+        probe = ev(key(99), content="probe after the engrams")
+        assert (await anon.publish(probe))[2]
+        before = await stranger.until_probe(probe.id)
+        assert not [m for m in before if m[0] == "EVENT" and m[2]["kind"] == 30174], before
 
 
 async def test_engram_envelope_rejected_on_ingest(shared_relay):

@@ -142,8 +142,9 @@ async def test_search_stored_and_live_and_gate(relay):
         for e in (later_miss, later_hit):
             assert (await c.publish(e))[2]
         assert (await live.recv())[2]["id"] == later_hit.id
-        with pytest.raises(asyncio.TimeoutError):
-            await live.recv(timeout=0.5)
+        probe = ev(sk, content="brown fox, the probe")  # matches: nothing may come before it
+        assert (await c.publish(probe))[2]
+        assert await live.until_probe(probe.id) == []
 
 
 # -- NIP-13 ----------------------------------------------------------------------------

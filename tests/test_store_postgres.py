@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engram.head import select_head
 from engram.nip01 import Event, pubkey_of
 from relay.config import KIND_ENGRAM, Settings
 from relay.filters import Filter, matches
@@ -70,8 +71,11 @@ async def q(store: PostgresStore, *filters: Filter, **kw: object) -> list[str]:
 
 
 def head_of(events: list[Event]) -> Event:
-    """Spec head selection: newest created_at, ties to the lowest id."""
-    return min(events, key=lambda e: (-e.created_at, e.id))
+    """Spec head selection, from its one home (`engram.head`): the SQL replace rule
+    (`relay.store.sql.INSERT_REPLACEABLE`) and the writer's in-batch rule must agree."""
+    head = select_head(events)
+    assert head is not None
+    return head
 
 
 # --- saving ---------------------------------------------------------------------------

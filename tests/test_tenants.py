@@ -131,8 +131,9 @@ async def test_tenants_are_isolated(tenanted):
         flt = {"authors": [pubkey_of(MEMBER)]}
         assert {e["id"] for e in await a.query(flt)} == {shared.id, meta_a.id, only_a.id}
         assert {e["id"] for e in await b.query(flt)} == {shared.id, meta_b.id}
-        with pytest.raises(asyncio.TimeoutError):  # B's live subscriber saw nothing of A
-            await live_b.recv(timeout=0.7)
+        probe = ev(OWNER, content="probe in B")  # B's live subscriber saw nothing of A:
+        assert (await b.publish(probe))[2] is True  # the probe, published after, comes first
+        assert await live_b.until_probe(probe.id) == []
 
         await a.send(["COUNT", "n", flt])
         assert (await a.expect("COUNT"))[2] == {"count": 3}
@@ -237,3 +238,25 @@ def test_rm_refuses_while_events_remain(tenanted):
     assert "1 events deleted" in tenant_cli(db, "rm", "a.test", "--purge").stdout
     wait_for(lambda: http_get(tenanted.port, "a.test")[0] == 404)
     assert http_get(tenanted.port, "b.test")[0] == 200
+
+
+async def test_every_change_names_its_database_and_a_database_no_relay_serves_warns(
+    tenanted, database_url: str
+):
+    """`engram tenant add HOST --database-url URL` (the spelling a new user reaches for)
+    writes the tenant into URL, the relay's own database on this command: loud now."""
+    served = await asyncio.to_thread(
+        tenant_cli, tenanted.database_url, "set", "a.test", "--name", "Alpha Three"
+    )
+    assert "updated tenant a.test (written to the relay database " in served.stdout
+    assert tenanted.database_url.rpartition("/")[2] in served.stdout
+    assert "warning" not in served.stderr  # a relay runs on it
+    mistaken = await asyncio.to_thread(tenant_cli, database_url, "add", "c.test")  # no relay
+    assert "added tenant c.test (written to the relay database " in mistaken.stdout
+    assert database_url.rpartition("/")[2] in mistaken.stdout
+    assert "warning: no relay is connected to" in mistaken.stderr
+    assert "--tenant-database-url" in mistaken.stderr
+    for args in (("member", "add", "c.test", pubkey_of(MEMBER)), ("rm", "c.test")):
+        again = await asyncio.to_thread(tenant_cli, database_url, *args)
+        assert "written to the relay database" in again.stdout
+        assert "no relay is connected" in again.stderr

@@ -17,6 +17,7 @@ from typing import Any
 
 import asyncpg
 
+from engram.head import beats
 from engram.nip01 import Event
 from relay import metrics
 from relay.config import DEFAULT_PRIVATE, Settings
@@ -70,9 +71,9 @@ class _Pending:
         return None if d is None else (self.tenant, self.row[1], self.row[3], d)
 
     def beats(self, other: _Pending) -> bool:
-        """Head selection: newer created_at wins; at equal created_at the lower id."""
+        """Head selection (`engram.head.beats`): newer created_at, then the lower id."""
         a, b = self.row, other.row
-        return a[2] > b[2] or (a[2] == b[2] and a[0] < b[0])
+        return beats(a[2], a[0], b[2], b[0])
 
 
 def _columns(batch: list[_Pending]) -> list[list[Any]]:

@@ -95,8 +95,11 @@ INSERT_REGULAR = _waking(
 
 # Replaceable/addressable events: the replace rule as ONE statement against the unique
 # address index, so two writers can never both win (spec: newest created_at, ties to the
-# lowest id). The caller guarantees one row per address per statement, otherwise
-# Postgres raises "ON CONFLICT DO UPDATE command cannot affect row a second time".
+# lowest id). SQL must state the rule itself (a bytea `<` is the bytes order that
+# `engram.head.beats` uses on raw ids); tests/test_store_postgres.py races writers and
+# checks every stored head against `engram.head.select_head`. The caller guarantees one
+# row per address per statement, otherwise Postgres raises "ON CONFLICT DO UPDATE
+# command cannot affect row a second time".
 INSERT_REPLACEABLE = _waking(
     f"INSERT INTO events ({_COLUMNS}) {_UNNEST}{_NOT_DELETED_ID}{_NOT_DELETED_ADDRESS}"
     f"{_IN_ORDER} ON CONFLICT (tenant, pubkey, kind, d) WHERE d IS NOT NULL DO UPDATE SET"

@@ -1,0 +1,202 @@
+"""The results of `AgentMemory` calls: plain frozen data, with what each says about the
+relay set (`SetReport`). No I/O; the CLI and the MCP server format them."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from cli.search import Match
+from engram import ListingEntry
+
+SKIP_REASONS = {
+    1: "bad envelope",
+    2: "bad signature",
+    3: "undecryptable",
+    4: "slug mismatch",
+    5: "bad body",
+}
+
+
+def sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# --- results ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SetReport:
+    """What a result says about the relay set, besides its answer.
+
+    failed: relay -> why it did not take part (connection, timeout, refusal).
+    behind: relay -> how many slugs it holds an older head for, or none (`engram mem sync`).
+    incomplete: relay -> why its listing may be partial (paging made no progress).
+    skipped: reason -> events that failed verification, validation or decryption.
+    """
+
+    relays: tuple[str, ...] = ()
+    answered: tuple[str, ...] = ()
+    failed: dict[str, str] = field(default_factory=dict)
+    behind: dict[str, int] = field(default_factory=dict)
+    incomplete: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+    def skipped_line(self) -> str | None:
+        """`3 events skipped: 2 bad signature, 1 undecryptable`, or None."""
+        if not self.skipped_total:
+            return None
+        parts = ", ".join(f"{n} {reason}" for reason, n in sorted(self.skipped.items()))
+        noun = "event" if self.skipped_total == 1 else "events"
+        return f"{self.skipped_total} {noun} skipped: {parts}"
+
+    def warnings(self) -> list[str]:
+        """One line per thing worth telling the user, for stderr."""
+        lines = [f"{url}: {reason}" for url, reason in self.failed.items()]
+        lines += [
+            f"{url}: listing may be incomplete: {why}" for url, why in self.incomplete.items()
+        ]
+        if self.behind:
+            names = ", ".join(
+                f"{url} ({n} slug{'s' if n != 1 else ''})" for url, n in self.behind.items()
+            )
+            lines.append(f"relays behind the newest heads: {names}; run `engram mem sync`")
+        if (line := self.skipped_line()) is not None:
+            lines.append(line)
+        return lines
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "relays": list(self.relays),
+            "answered": list(self.answered),
+            "failed": self.failed,
+            "behind": self.behind,
+            "incomplete": self.incomplete,
+            "skipped": {"total": self.skipped_total, **self.skipped},
+        }
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A live memory (or core's profile): its text and the event that holds it."""
+
+    slug: str
+    value: str
+    event_id: str
+    created_at: int
+    sha256: str
+    report: SetReport
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """A published write. `accepted` relays hold it as their head (verified by re-reading);
+    `refused` names the others with their reason. A dry-run patch has `event_id` "" and
+    carries the text it would have written in `value`."""
+
+    slug: str
+    event_id: str
+    created_at: int
+    sha256: str | None
+    accepted: tuple[str, ...]
+    refused: dict[str, str]
+    report: SetReport
+    value: str | None = None
+
+
+@dataclass(frozen=True)
+class Listing:
+    """Live memories (core and tombstones omitted), sorted by slug."""
+
+    entries: list[ListingEntry]
+    report: SetReport
+
+
+@dataclass(frozen=True)
+class Refs:
+    """Reachability from core: reachable slugs, orphans and dangling `(from, to)` links."""
+
+    has_core: bool
+    reachable: list[str]
+    orphans: list[str]
+    dangling: list[tuple[str, str]]
+    report: SetReport
+
+
+class Matches(list[Match]):
+    """The search hits (a list) plus the `report` of the reads behind them."""
+
+    report: SetReport
+
+
+@dataclass(frozen=True)
+class RelaySync:
+    """What a sync, migration or import did on one relay."""
+
+    published: int = 0
+    up_to_date: int = 0
+    refused: dict[str, str] = field(default_factory=dict)  # event id -> reason
+    error: str | None = None
+    method: str | None = None  # how its holdings were learnt: "negentropy" or "req"
+
+    def line(self) -> str:
+        if self.error is not None:
+            return f"failed: {self.error}"
+        text = f"{self.published} republished, {self.up_to_date} already there"
+        text += f", {len(self.refused)} refused" if self.refused else ""
+        return text + (f" (via {self.method})" if self.method else "")
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    heads: int
+    relays: dict[str, RelaySync]
+    report: SetReport
+
+    @property
+    def ok(self) -> bool:
+        return all(r.error is None and not r.refused for r in self.relays.values())
+
+
+@dataclass(frozen=True)
+class MigrateReport:
+    """`missing`: target -> slugs whose head could not be read back there."""
+
+    heads: int
+    targets: dict[str, RelaySync]
+    missing: dict[str, list[str]]
+    report: SetReport
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.missing.values())
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    path: str
+    heads: int
+    report: SetReport
+
+
+@dataclass(frozen=True)
+class ImportReport:
+    events: int  # valid events in the file
+    relays: dict[str, RelaySync]
+    report: SetReport  # `skipped` counts the file's invalid lines and events
+
+
+@dataclass(frozen=True)
+class CoreRead:
+    """The fetch hook's three outcomes: `profile` (a valid core was read), `absent`
+    (every relay answered and none holds a core candidate), `unknown` (anything else:
+    never teach the agent it has no memory because a read failed)."""
+
+    status: Literal["profile", "absent", "unknown"]
+    profile: str | None = None
+    reason: str = ""
