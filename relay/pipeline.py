@@ -182,7 +182,8 @@ class Relay:
     def _verified(self, session: Session, tenant: Tenant, event: Event, valid: bool) -> None:
         """`ingest` after the verifier thread's answer (the event is counted in flight)."""
         why = (
-            policy.check_write(event, session.authed, session.admitted, tenant)
+            self.moderated(session, tenant, event)
+            or policy.check_write(event, session.authed, session.admitted, tenant)
             if valid
             else (validate.INVALID_SIGNATURE)
         )
@@ -238,9 +239,19 @@ class Relay:
     def check(self, tenant: Tenant, event: Event, session: Session | None) -> str | None:
         """Validation (cheapest first), then the write policy: None, or the refusal."""
         why = validate.check_event(event, tenant.limits, int(self.clock()))
+        if not why:
+            why = self.moderated(session, tenant, event)
         if not why and session is not None:
             why = policy.check_write(event, session.authed, session.admitted, tenant)
         return why
+
+    @staticmethod
+    def moderated(session: Session | None, tenant: Tenant, event: Event) -> str | None:
+        """NIP-86 moderation and NIP-62 addressing (relay.policy.check_moderated)."""
+        hosts = tenant.hosts
+        if not hosts and session is not None:  # the built-in tenant answers any host
+            hosts = frozenset([host_of(session.host)])
+        return policy.check_moderated(event, tenant, hosts)
 
     def outcome(
         self, tenant: Tenant, event: Event, raw: bytes, result: SaveResult

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from engram.errors import AttestationError
 from engram.nip01 import Event, verify_event
+from engram.nip62 import KIND_VANISH, names_relay
 from engram.nipoa import AUTH_TAG, Clause, clauses_allow, event_attestation, verify_auth_tag
+from relay import moderation
 from relay.config import KIND_AUTH, KIND_ENGRAM, Limits
 from relay.filters import Filter
 from relay.hosts import host_of
@@ -97,6 +99,15 @@ def check_write(
             "only members and agents admitted by a member may publish here: AUTH first"
         )
     return Reason.RESTRICTED("only members and agents admitted by a member may publish here")
+
+
+def check_moderated(event: Event, tenant: Tenant, hosts: frozenset[str]) -> str | None:
+    """The tenant's moderation (NIP-86 bans, kinds), then NIP-62: a request to vanish is
+    taken only when it names this relay (one of `hosts`) or ALL_RELAYS."""
+    why = moderation.check_event(event, tenant.moderation)
+    if why is None and event.kind == KIND_VANISH and not names_relay(event, hosts):
+        return Reason.INVALID("this request to vanish (NIP-62) does not name this relay")
+    return why
 
 
 def check_read(f: Filter, authed: str | None, limits: Limits) -> str | None:

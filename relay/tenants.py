@@ -13,6 +13,7 @@ import msgspec
 
 from relay.config import Limits, Settings
 from relay.hosts import host_of
+from relay.moderation import NONE, Moderation
 from relay.store import DEFAULT_TENANT
 
 WRITE_POLICIES = ("open", "members")
@@ -32,6 +33,7 @@ class TenantConfig(msgspec.Struct, kw_only=True):
     limits: dict[str, Any] = msgspec.field(default_factory=dict)
     aliases: list[str] = msgspec.field(default_factory=list)
     members: list[str] = msgspec.field(default_factory=list)
+    admins: list[str] = msgspec.field(default_factory=list)  # NIP-86 callers for this tenant
     database_url: str | None = None  # the tenant's own database (None: the relay's)
 
 
@@ -48,6 +50,8 @@ class Tenant(msgspec.Struct, frozen=True, kw_only=True):
     members_only: bool
     members: frozenset[str]
     limits: Limits
+    admins: frozenset[str] = frozenset()
+    moderation: Moderation = NONE
 
     def is_member(self, pubkey: str) -> bool:
         return pubkey in self.members
@@ -105,6 +109,7 @@ def build_tenant(cfg: TenantConfig, settings: Settings) -> Tenant:
         members_only=cfg.write_policy == "members",
         members=frozenset(cfg.members),
         limits=merged_limits(settings.limits, overrides),
+        admins=frozenset(cfg.admins),
     )
 
 
@@ -117,12 +122,25 @@ class TenantRegistry:
         self.version = -1
         self._by_host: dict[str, Tenant] = {}
 
-    def load(self, configs: list[TenantConfig], version: int) -> None:
+    def load(
+        self,
+        configs: list[TenantConfig],
+        version: int,
+        moderation: dict[str, Moderation] | None = None,
+    ) -> None:
+        """Swap in a configuration: tenants, and each tenant's moderation (by key)."""
+        mods = moderation or {}
         by_host: dict[str, Tenant] = {}
         for cfg in configs:
             tenant = build_tenant(cfg, self.settings)
+            if cfg.host in mods:
+                tenant = msgspec.structs.replace(tenant, moderation=mods[cfg.host])
             for host in tenant.hosts:
                 by_host[host] = tenant
+        default = default_tenant(self.settings)
+        if DEFAULT_TENANT in mods:
+            default = msgspec.structs.replace(default, moderation=mods[DEFAULT_TENANT])
+        self.default = default
         self._by_host = by_host
         self.version = version
 
