@@ -232,3 +232,12 @@ async def remove_admin(control: Conn, host: str, pubkey: str) -> bool:
             "DELETE FROM tenant_admins WHERE host = $1 AND pubkey = $2", host, pubkey
         )
     )
+
+
+async def clear_kind(control: Conn, tenant: str, kind: int) -> bool:
+    """Neither allowed nor disallowed: back to the default (`engram tenant clear-kind`)."""
+    return _changed(
+        await control.execute(
+            "DELETE FROM moderated_kinds WHERE tenant = $1 AND kind = $2", tenant, kind
+        )
+    )
