@@ -432,3 +432,33 @@ async def test_a_nostr_sdk_client_needs_no_adjustment(nodes):
         status, answer = rpc(n1.port, "a.test", ADMIN_A, "supportedmethods", url=url)
         assert status == 200, (url, answer)
     await asyncio.sleep(0)
+
+
+async def test_a_tenant_on_its_own_database(start_relay, pg_server_url):
+    """Moderation lists stay in the relay's database; the events acted on are in the
+    tenant's own one (ban, banevent, reports, and the CLI the same way)."""
+    from relay_fixtures import create_database
+
+    own = await create_database(pg_server_url)
+    rp = start_relay(
+        env={"ENGRAM_TENANT_REFRESH_SECONDS": "0.5", "ENGRAM_OPERATORS": pubkey_of(OPERATOR)}
+    )
+    tenant_cli(rp.database_url, "add", "c.test", "--tenant-database-url", own, "--name", "C")
+    wait_for(lambda: nip11_name(rp.port, "c.test") == "C")
+    spam, note = ev(SPAMMER, content="spam"), ev(STRANGER, content="note")
+    report = ev(REPORTER, 1984, [("e", note.id, "nudity")])
+    for ok in await published(rp.port, "c.test", spam, note, report):
+        assert ok[2] is True, ok
+    assert call(rp.port, "c.test", OPERATOR, "listeventsneedingmoderation") == [
+        {"id": note.id, "reason": "nudity"}
+    ]
+    call(rp.port, "c.test", OPERATOR, "banpubkey", pubkey_of(SPAMMER))
+    call(rp.port, "c.test", OPERATOR, "banevent", note.id)
+    assert await query(rp.port, "c.test", {"kinds": [1]}) == []
+    ok = (await published(rp.port, "c.test", spam))[0]
+    assert ok[2] is False and ok[3].startswith("blocked:")
+    other = ev(STRANGER, content="another")
+    assert (await published(rp.port, "c.test", other))[0][2] is True
+    out = tenant_cli(rp.database_url, "ban", "c.test", pubkey_of(STRANGER)).stdout
+    assert "(1 events deleted)" in out
+    assert await query(rp.port, "c.test", {"kinds": [1]}) == []
