@@ -10,6 +10,7 @@ from engram.nip01 import Event
 from engram.urls import host_of
 
 KIND_VANISH = 62
+KIND_GIFT_WRAP = 1059  # NIP-59: the wraps p-tagging the author go with the author
 ALL_RELAYS = "ALL_RELAYS"
 
 

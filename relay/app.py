@@ -48,12 +48,37 @@ def package_version() -> str:
 
 
 async def refresh_tenants(store: object, registry: TenantRegistry) -> None:
-    """Reload the tenant configuration if its version moved."""
+    """Reload the tenant configuration if its version moved. New bans (relay.nip86,
+    `engram tenant ban`) are swept once more here: an event this node accepted before it
+    knew of the ban must not stay stored."""
     current = await store.tenant_version()  # type: ignore[attr-defined]
     if current != registry.version:
+        first = registry.version < 0
+        before = registry.bans()
         configs = await store.load_tenants()  # type: ignore[attr-defined]
         registry.load(configs, current, await store.load_moderation())  # type: ignore[attr-defined]
         log.info("tenant configuration v%d loaded", current)
+        if not first:
+            await sweep_new_bans(store, before, registry.bans())
+
+
+async def sweep_new_bans(
+    store: object,
+    before: dict[str, tuple[frozenset[str], frozenset[str]]],
+    after: dict[str, tuple[frozenset[str], frozenset[str]]],
+) -> None:
+    from relay.store import moderation
+
+    for tenant, (pubkeys, ids) in after.items():
+        old_pubkeys, old_ids = before.get(tenant, (frozenset(), frozenset()))
+        new_pubkeys, new_ids = sorted(pubkeys - old_pubkeys), sorted(ids - old_ids)
+        if new_pubkeys or new_ids:
+            n = await store.run_admin(  # type: ignore[attr-defined]
+                tenant,
+                lambda _c, ev, t=tenant, p=new_pubkeys, i=new_ids: moderation.sweep(ev, t, p, i),
+            )
+            if n:
+                log.info("tenant %s: %d events of new bans deleted", tenant, n)
 
 
 async def poll_tenants(store: object, registry: TenantRegistry, every: float) -> None:

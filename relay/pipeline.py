@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from engram.nip01 import Event
+from engram.nip62 import KIND_VANISH
 from relay import metrics, policy, validate, wire
 from relay.bus import EventBus
 from relay.config import Limits, Settings
@@ -247,11 +248,14 @@ class Relay:
 
     @staticmethod
     def moderated(session: Session | None, tenant: Tenant, event: Event) -> str | None:
-        """NIP-86 moderation and NIP-62 addressing (relay.policy.check_moderated)."""
-        hosts = tenant.hosts
-        if not hosts and session is not None:  # the built-in tenant answers any host
-            hosts = frozenset([host_of(session.host)])
-        return policy.check_moderated(event, tenant, hosts)
+        """NIP-86 moderation, then NIP-62 addressing of a request to vanish."""
+        why = policy.check_moderated(event, tenant)
+        if why is None and event.kind == KIND_VANISH:
+            hosts = tenant.hosts
+            if not hosts and session is not None:  # the built-in tenant answers any host
+                hosts = frozenset([host_of(session.host)])
+            why = policy.check_vanish(event, hosts)
+        return why
 
     def outcome(
         self, tenant: Tenant, event: Event, raw: bytes, result: SaveResult

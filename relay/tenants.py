@@ -150,6 +150,15 @@ class TenantRegistry:
             return self.default
         return self._by_host.get(tenant.key, tenant)
 
+    def bans(self) -> dict[str, tuple[frozenset[str], frozenset[str]]]:
+        """(banned pubkeys, banned event ids) of every tenant that has any, by key."""
+        tenants = [self.default, *self._by_host.values()]
+        return {
+            t.key: (t.moderation.banned_pubkeys, t.moderation.banned_events)
+            for t in tenants
+            if t.moderation.banned_pubkeys or t.moderation.banned_events
+        }
+
     @property
     def multi(self) -> bool:
         return bool(self._by_host)

@@ -462,3 +462,36 @@ async def test_a_tenant_on_its_own_database(start_relay, pg_server_url):
     out = tenant_cli(rp.database_url, "ban", "c.test", pubkey_of(STRANGER)).stdout
     assert "(1 events deleted)" in out
     assert await query(rp.port, "c.test", {"kinds": [1]}) == []
+
+
+async def test_a_node_that_stored_before_it_knew_sweeps_at_its_reload(start_relay):
+    """`slow` polls its configuration only every 600 s, so it accepts a banned author's
+    event after the ban (deterministically: it has not reloaded). Its next reload (here
+    brought on by a call it takes itself) deletes what it let in."""
+    env = {"ENGRAM_OPERATORS": pubkey_of(OPERATOR)}
+    fast = start_relay(env={**env, "ENGRAM_TENANT_REFRESH_SECONDS": "0.5"})
+    tenant_cli(fast.database_url, "add", "a.test", "--name", "A")
+    slow = start_relay(
+        database_url=fast.database_url, env={**env, "ENGRAM_TENANT_REFRESH_SECONDS": "600"}
+    )
+    wait_for(lambda: nip11_name(fast.port, "a.test") == "A")
+    call(fast.port, "a.test", OPERATOR, "banpubkey", pubkey_of(SPAMMER))
+    late = ev(SPAMMER, content="slipped in")
+    bad = ev(STRANGER, content="banned by id later")
+    call(fast.port, "a.test", OPERATOR, "banevent", bad.id)
+    for ok in await published(slow.port, "a.test", late, bad):
+        assert ok[2] is True, ok  # `slow` has not loaded the bans
+    assert len(await query(fast.port, "a.test", {"ids": [late.id, bad.id]})) == 2
+    call(slow.port, "a.test", OPERATOR, "changerelaydescription", "reloaded")
+    assert await query(fast.port, "a.test", {"ids": [late.id, bad.id]}) == []
+    ok = (await published(slow.port, "a.test", ev(SPAMMER, content="again")))[0]
+    assert ok[2] is False and ok[3].startswith("blocked:")
+
+
+def test_operators_are_checked_at_start() -> None:
+    from relay.config import ConfigError, load_settings
+
+    npub_and_hex = f"{pubkey_of(OPERATOR)}, {pubkey_of(ADMIN_A)}"
+    assert len(load_settings(env={"ENGRAM_OPERATORS": npub_and_hex}).operators) == 2
+    with pytest.raises(ConfigError, match="operators"):
+        load_settings(env={"ENGRAM_OPERATORS": "not-a-key"})

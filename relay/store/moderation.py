@@ -241,3 +241,24 @@ async def clear_kind(control: Conn, tenant: str, kind: int) -> bool:
             "DELETE FROM moderated_kinds WHERE tenant = $1 AND kind = $2", tenant, kind
         )
     )
+
+
+async def sweep(events: Conn, tenant: str, pubkeys: list[str], event_ids: list[str]) -> int:
+    """Delete what newly banned authors and ids left behind: events another node stored
+    before it had loaded the ban. Each node runs this when a reload brings new bans."""
+    deleted = 0
+    if pubkeys:
+        status = await events.execute(
+            "DELETE FROM events WHERE tenant = $1 AND pubkey = ANY($2::bytea[])",
+            tenant,
+            [bytes.fromhex(p) for p in pubkeys],
+        )
+        deleted += int(status.split()[-1])
+    if event_ids:
+        status = await events.execute(
+            "DELETE FROM events WHERE tenant = $1 AND id = ANY($2::bytea[])",
+            tenant,
+            [bytes.fromhex(i) for i in event_ids],
+        )
+        deleted += int(status.split()[-1])
+    return deleted

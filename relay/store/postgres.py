@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from engram.nip01 import Event
+from engram.nip62 import KIND_VANISH
 from relay import metrics
 from relay.config import Settings
 from relay.filters import Filter
@@ -68,7 +69,7 @@ class _Pending:
     @property
     def vanish(self) -> bool:
         """A NIP-62 request to vanish (the pipeline took only those naming this relay)."""
-        return self.row[3] == q.KIND_VANISH
+        return self.row[3] == KIND_VANISH
 
     @property
     def key(self) -> tuple[str, bytes]:

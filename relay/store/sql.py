@@ -13,6 +13,7 @@ import hashlib
 from typing import Any
 
 from engram.nip01 import Event, is_hex
+from engram.nip62 import KIND_GIFT_WRAP, KIND_VANISH
 from relay.config import KIND_ENGRAM
 from relay.filters import Filter
 from relay.validate import expiration_of, is_addressable, is_ephemeral, is_replaceable
@@ -63,8 +64,9 @@ BUS_CHANNEL = "engram_events"
 # back, nor a gift wrap p-tagging them; the requests themselves are never blocked.
 _NOT_VANISHED = (
     " NOT EXISTS (SELECT 1 FROM vanished v WHERE v.tenant = t.tenant"
-    " AND v.pubkey = t.pubkey AND t.created_at <= v.until AND t.kind <> 62)"
-    " AND (t.kind <> 1059 OR NOT EXISTS (SELECT 1 FROM vanished w WHERE w.tenant = t.tenant"
+    f" AND v.pubkey = t.pubkey AND t.created_at <= v.until AND t.kind <> {KIND_VANISH})"
+    f" AND (t.kind <> {KIND_GIFT_WRAP} OR NOT EXISTS (SELECT 1 FROM vanished w"
+    " WHERE w.tenant = t.tenant"
     " AND t.created_at <= w.until AND 'p:' || encode(w.pubkey, 'hex') = ANY(t.tagvals::text[])))"
 )
 _NOT_DELETED_ID = (
@@ -140,7 +142,7 @@ DELETE_IDS = (
     " remembered AS (INSERT INTO deleted_events SELECT tenant, id, pubkey FROM t"
     " ON CONFLICT DO NOTHING)"
     " DELETE FROM events e USING t WHERE e.tenant = t.tenant AND e.id = t.id"
-    " AND e.pubkey = t.pubkey AND e.kind <> 5 AND e.kind <> 62"
+    f" AND e.pubkey = t.pubkey AND e.kind <> 5 AND e.kind <> {KIND_VANISH}"
 )
 
 # NIP-62: remember the request (the latest wins), then delete the author's events up to
@@ -154,12 +156,12 @@ VANISH = (
 VANISH_AUTHOR = (
     "DELETE FROM events e USING unnest($1::text[], $2::bytea[], $3::int8[]) AS t(tenant,"
     " pubkey, until) WHERE e.tenant = t.tenant AND e.pubkey = t.pubkey"
-    " AND e.created_at <= t.until AND e.kind <> 62"
+    f" AND e.created_at <= t.until AND e.kind <> {KIND_VANISH}"
 )
 VANISH_GIFT_WRAPS = (
     "DELETE FROM events e USING unnest($1::text[], $2::text[], $3::int8[]) AS t(tenant,"
-    " p, until) WHERE e.tenant = t.tenant AND e.kind = 1059 AND e.tagvals && ARRAY[t.p]"
-    " AND e.created_at <= t.until"
+    f" p, until) WHERE e.tenant = t.tenant AND e.kind = {KIND_GIFT_WRAP}"
+    " AND e.tagvals && ARRAY[t.p] AND e.created_at <= t.until"
 )
 
 # NIP-09 `a` targets: every version of the author's address up to the request's time.
@@ -194,7 +196,6 @@ PURGE_EXPIRED = (
 )
 
 KIND_DELETION = 5
-KIND_VANISH = 62  # engram.nip62.KIND_VANISH, spelled out in the statements above
 
 
 # --- write side -----------------------------------------------------------------------
