@@ -117,3 +117,19 @@ async def test_request_to_vanish(nodes, start_relay):
     got = {e["id"] for e in await query(n3.port, "a.test", {"authors": [leaver]})}
     assert got == {request.id, undo.id}
     assert tenant_cli(n3.database_url, "show", "a.test").returncode == 0
+
+
+async def test_a_relay_without_tenants_is_named_by_the_host_it_is_reached_on(relay):
+    now = int(time.time())
+    note = ev(LEAVER, content="bye", created_at=now - 1)
+    async with await Client.connect(relay.url) as c:
+        assert (await c.publish(note))[2] is True
+        elsewhere = vanish_request(LEAVER, ["wss://relay.elsewhere.example"], now)
+        ok = await c.publish(elsewhere)
+        assert ok[2] is False and ok[3].startswith("invalid:")
+        request = vanish_request(LEAVER, [relay.url], now)  # ws://127.0.0.1:PORT
+        assert (await c.publish(request))[2] is True
+        got = await c.query({"authors": [pubkey_of(LEAVER)]})
+        assert [e["id"] for e in got] == [request.id]
+        ok = await c.publish(note)
+        assert ok[2] is False and ok[3].startswith("blocked:")

@@ -18,6 +18,7 @@ import json
 import time
 from typing import Any
 
+import asyncpg
 import pytest
 from nostr_sdk import EventBuilder, Keys, Kind, Tag, Timestamp
 from test_tenants import connect, ev, http_get, tenant_cli, wait_for
@@ -462,6 +463,14 @@ async def test_a_tenant_on_its_own_database(start_relay, pg_server_url):
     out = tenant_cli(rp.database_url, "ban", "c.test", pubkey_of(STRANGER)).stdout
     assert "(1 events deleted)" in out
     assert await query(rp.port, "c.test", {"kinds": [1]}) == []
+    # removing the tenant removes its moderation
+    tenant_cli(rp.database_url, "rm", "c.test", "--purge")
+    conn = await asyncpg.connect(rp.database_url)
+    try:
+        for table in ("banned_pubkeys", "moderated_events"):
+            assert await conn.fetchval(f"SELECT count(*) FROM {table}") == 0
+    finally:
+        await conn.close()
 
 
 async def test_a_node_that_stored_before_it_knew_sweeps_at_its_reload(start_relay):
