@@ -146,7 +146,11 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
         tenant = relay.tenants.resolve(headers.get("host", ""))
         if tenant is None:
             return PlainTextResponse(_NOT_FOUND, status_code=404)
-        body = await request.body()
+        body = b""
+        async for chunk in request.stream():  # bounded: never more than MAX_BODY + chunk
+            body += chunk
+            if len(body) > nip86.MAX_BODY:
+                break
         store = relay.store
         answer = await nip86.handle(
             tenant=tenant,

@@ -504,3 +504,10 @@ def test_operators_are_checked_at_start() -> None:
     assert len(load_settings(env={"ENGRAM_OPERATORS": npub_and_hex}).operators) == 2
     with pytest.raises(ConfigError, match="operators"):
         load_settings(env={"ENGRAM_OPERATORS": "not-a-key"})
+
+
+def test_an_oversized_body_is_refused_unread(nodes):
+    n1, _ = nodes
+    body = b'{"method": "supportedmethods", "params": ["' + b"x" * 200_000 + b'"]}'
+    status, answer, _ = post(n1.port, "a.test", body, {"Content-Type": RPC})
+    assert status == 413 and "larger than" in answer["error"]
