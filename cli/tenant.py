@@ -340,12 +340,14 @@ def rm(
 
 
 def _member_action(host: str, pubkey: str, add: bool) -> Callable[[Any], Awaitable[bool]]:
+    from relay.store import moderation as mod
     from relay.store import tenants as db
 
     async def action(conn: Any) -> bool:
         if await db.get_tenant(conn, host) is None:
             raise _fail(f"no tenant {host}")
-        change = db.add_member if add else db.remove_member
+        # adding is NIP-86 `allowpubkey`: an allowed author is no longer banned
+        change = mod.allow_pubkey if add else db.remove_member
         return await change(conn, host, pubkey)
 
     return action
@@ -355,7 +357,7 @@ def _member_action(host: str, pubkey: str, add: bool) -> Callable[[Any], Awaitab
 def member_add(
     host: str, pubkey: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None
 ) -> None:
-    """Make PUBKEY (hex or npub) a member of the tenant on HOST."""
+    """Make PUBKEY (hex or npub) a member of the tenant on HOST (lifts a ban of it)."""
     key, pk = _host(host), _pubkey(pubkey)
     changed = _run(database_url, data_dir, _member_action(key, pk, add=True))
     typer.echo(f"{'added' if changed else 'already a member:'} {pk} to {key}")
@@ -527,6 +529,33 @@ def allow_event(
     typer.echo(f"allowed event {eid}")
 
 
+def _forget_event(
+    host: str, event_id: str, banned: bool, db_url: str | None, d: str | None
+) -> None:
+    from relay.store import moderation as mod
+
+    eid = _event_id(event_id)
+    if not _moderate(host, db_url, d, lambda c, e, k: mod.unmoderate_event(c, k, eid, banned)):
+        raise _fail(f"event {eid} is not {'banned' if banned else 'allowed'}")
+    typer.echo(f"{'unbanned' if banned else 'unallowed'} event {eid}")
+
+
+@tenant_app.command("unban-event")
+def unban_event(
+    host: str, event_id: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None
+) -> None:
+    """Lift a ban of an event id (it may be sent again; what was deleted stays deleted)."""
+    _forget_event(host, event_id, True, database_url, data_dir)
+
+
+@tenant_app.command("unallow-event")
+def unallow_event(
+    host: str, event_id: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None
+) -> None:
+    """Forget an approval: a reported event is back on the moderation queue."""
+    _forget_event(host, event_id, False, database_url, data_dir)
+
+
 def _kind_command(host: str, kind: int, how: str, db_url: str | None, d: str | None) -> None:
     from relay.store import moderation as mod
 
@@ -604,6 +633,9 @@ def moderation(host: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt
                 {"pubkey": p, "reason": r} for p, r in await mod.banned_pubkeys(c, k)
             ],
             "banned_events": [{"id": i, "reason": r} for i, r in await mod.banned_events(c, k)],
+            "allowed_events": [
+                {"id": i, "reason": r} for i, r in await mod.moderated_events(c, k, False)
+            ],
             "allowed_kinds": await mod.kinds(c, k, True),
             "disallowed_kinds": await mod.kinds(c, k, False),
             "blocked_ips": [{"ip": i, "reason": r} for i, r in await mod.blocked_ips(c, k)],

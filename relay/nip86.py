@@ -117,6 +117,8 @@ def _ip(params: list[Any]) -> str:
 
 # --- methods ----------------------------------------------------------------------------
 
+Method = Callable[["Call"], Awaitable[Any]]
+
 Admin = Callable[[str, Callable[[Any, Any], Awaitable[Any]]], Awaitable[Any]]
 
 
@@ -151,7 +153,7 @@ async def _listbannedpubkeys(c: Call) -> list[dict[str, str]]:
 
 async def _allowpubkey(c: Call) -> bool:
     pk = _pubkey(c.params)
-    await c.on(lambda ctl, ev: t.add_member(ctl, c.tenant, pk))
+    await c.on(lambda ctl, ev: m.allow_pubkey(ctl, c.tenant, pk))
     return True
 
 
@@ -179,9 +181,21 @@ async def _allowevent(c: Call) -> bool:
     return True
 
 
-async def _listbannedevents(c: Call) -> list[dict[str, str]]:
-    rows = await c.on(lambda ctl, ev: m.banned_events(ctl, c.tenant))
-    return [{"id": i, "reason": why} for i, why in rows]
+def _unmoderate(banned: bool) -> Method:
+    async def forget(c: Call) -> bool:
+        eid = _event_id(c.params)
+        await c.on(lambda ctl, ev: m.unmoderate_event(ctl, c.tenant, eid, banned))
+        return True
+
+    return forget
+
+
+def _list_events(banned: bool) -> Method:
+    async def listing(c: Call) -> list[dict[str, str]]:
+        rows = await c.on(lambda ctl, ev: m.moderated_events(ctl, c.tenant, banned))
+        return [{"id": i, "reason": why} for i, why in rows]
+
+    return listing
 
 
 async def _listeventsneedingmoderation(c: Call) -> list[dict[str, str]]:
@@ -201,8 +215,11 @@ async def _disallowkind(c: Call) -> bool:
     return True
 
 
-async def _listallowedkinds(c: Call) -> list[int]:
-    return await c.on(lambda ctl, ev: m.kinds(ctl, c.tenant, True))  # type: ignore[no-any-return]
+def _list_kinds(allowed: bool) -> Method:
+    async def listing(c: Call) -> list[int]:
+        return await c.on(lambda ctl, ev: m.kinds(ctl, c.tenant, allowed))  # type: ignore[no-any-return]
+
+    return listing
 
 
 async def _blockip(c: Call) -> bool:
@@ -231,8 +248,6 @@ def _change(column: str, what: str) -> Callable[[Call], Awaitable[bool]]:
     return change
 
 
-Method = Callable[[Call], Awaitable[Any]]
-
 # name -> (handler, needs a tenant row: members and NIP-11 fields are stored with one)
 METHODS: dict[str, tuple[Method, bool]] = {
     "banpubkey": (_banpubkey, False),
@@ -242,12 +257,16 @@ METHODS: dict[str, tuple[Method, bool]] = {
     "unallowpubkey": (_unallowpubkey, True),
     "listallowedpubkeys": (_listallowedpubkeys, True),
     "banevent": (_banevent, False),
+    "unbanevent": (_unmoderate(True), False),
     "allowevent": (_allowevent, False),
-    "listbannedevents": (_listbannedevents, False),
+    "unallowevent": (_unmoderate(False), False),
+    "listbannedevents": (_list_events(True), False),
+    "listallowedevents": (_list_events(False), False),
     "listeventsneedingmoderation": (_listeventsneedingmoderation, False),
     "allowkind": (_allowkind, False),
     "disallowkind": (_disallowkind, False),
-    "listallowedkinds": (_listallowedkinds, False),
+    "listallowedkinds": (_list_kinds(True), False),
+    "listdisallowedkinds": (_list_kinds(False), False),
     "blockip": (_blockip, False),
     "unblockip": (_unblockip, False),
     "listblockedips": (_listblockedips, False),

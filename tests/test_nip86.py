@@ -211,10 +211,28 @@ def test_supported_methods_are_the_ones_that_act(nodes, start_relay):
     assert methods[0] == "supportedmethods"
     assert set(methods) == {
         "supportedmethods",
-        *(["banpubkey", "unbanpubkey", "listbannedpubkeys", "allowpubkey", "unallowpubkey"]),
-        *(["listallowedpubkeys", "banevent", "allowevent", "listbannedevents"]),
-        *(["listeventsneedingmoderation", "allowkind", "disallowkind", "listallowedkinds"]),
-        *(["blockip", "unblockip", "listblockedips", "changerelayname", "changerelaydescription"]),
+        "banpubkey",
+        "unbanpubkey",
+        "listbannedpubkeys",
+        "allowpubkey",
+        "unallowpubkey",
+        "listallowedpubkeys",
+        "banevent",
+        "unbanevent",
+        "allowevent",
+        "unallowevent",
+        "listbannedevents",
+        "listallowedevents",
+        "listeventsneedingmoderation",
+        "allowkind",
+        "disallowkind",
+        "listallowedkinds",
+        "listdisallowedkinds",
+        "blockip",
+        "unblockip",
+        "listblockedips",
+        "changerelayname",
+        "changerelaydescription",
         "changerelayicon",
     }
     # a relay without tenants: members and NIP-11 fields live in settings, not here
@@ -300,6 +318,15 @@ async def test_allow_pubkey_makes_a_member(nodes):
     assert member in tenant_cli(n1.database_url, "member", "ls", "b.test").stdout
     synced(n2, "b.test", "after allow", via=n1)
     assert (await published(n2.port, "b.test", ev(MEMBER, content="in")))[0][2] is True
+    # NIP-86: a ban takes the author off the allow list, allowing lifts the ban
+    assert call(n1.port, "b.test", OPERATOR, "banpubkey", member, "oops") is True
+    assert {"pubkey": member} not in call(n1.port, "b.test", OPERATOR, "listallowedpubkeys")
+    assert call(n1.port, "b.test", OPERATOR, "allowpubkey", member) is True
+    assert call(n1.port, "b.test", OPERATOR, "listbannedpubkeys") == []
+    tenant_cli(n1.database_url, "ban", "b.test", member)
+    tenant_cli(n1.database_url, "member", "add", "b.test", member)  # the CLI's allowpubkey
+    assert call(n1.port, "b.test", OPERATOR, "listbannedpubkeys") == []
+    assert {"pubkey": member} in call(n1.port, "b.test", OPERATOR, "listallowedpubkeys")
     assert call(n1.port, "b.test", OPERATOR, "unallowpubkey", member) is True
     assert {"pubkey": member} not in call(n2.port, "b.test", OPERATOR, "listallowedpubkeys")
     synced(n2, "b.test", "after unallow", via=n1)
@@ -350,6 +377,23 @@ async def test_ban_event_and_the_reports_queue(nodes):
         assert ok[2] is False and ok[3].startswith("blocked:"), ok
     # b.test keeps its own copy of the world
     assert len(await query(n1.port, "b.test", {"ids": [elsewhere.id]})) == 1
+    assert call(n2.port, "a.test", ADMIN_A, "listallowedevents") == [
+        {"id": fine.id, "reason": "not spam"}
+    ]
+    # unallowevent: the still-reported event is back on the queue
+    assert call(n1.port, "a.test", ADMIN_A, "unallowevent", fine.id) is True
+    assert call(n1.port, "a.test", ADMIN_A, "listallowedevents") == []
+    assert call(n1.port, "a.test", ADMIN_A, "listeventsneedingmoderation") == [
+        {"id": fine.id, "reason": "spam"}
+    ]
+    # unbanevent: the id may be sent again (what was deleted stays deleted)
+    assert call(n1.port, "a.test", ADMIN_A, "unbanevent", bad.id) is True
+    assert call(n2.port, "a.test", ADMIN_A, "listbannedevents") == []
+    synced(n2, "a.test", "after unbanevent", via=n1)
+    assert (await published(n2.port, "a.test", bad))[0][2] is True
+    tenant_cli(n1.database_url, "ban-event", "a.test", bad.id)
+    tenant_cli(n1.database_url, "unban-event", "a.test", bad.id)
+    assert call(n2.port, "a.test", ADMIN_A, "listbannedevents") == []
 
 
 async def test_kinds(nodes):
@@ -369,6 +413,7 @@ async def test_kinds(nodes):
     assert (await published(n2.port, "b.test", ev(SPAMMER, 7, content="+")))[0][2] is True
     assert call(n1.port, "a.test", ADMIN_A, "disallowkind", 1) is True
     assert call(n1.port, "a.test", ADMIN_A, "listallowedkinds") == [0]
+    assert call(n1.port, "a.test", ADMIN_A, "listdisallowedkinds") == [1, 7]
 
 
 async def test_blocked_ip_cannot_connect(nodes):

@@ -57,7 +57,11 @@ def _changed(status: str) -> bool:
 
 
 async def ban_pubkey(control: Conn, events: Conn, tenant: str, pubkey: str, reason: str) -> int:
-    """Ban the author, then delete their stored events; returns how many were deleted."""
+    """Ban the author (no longer a member: NIP-86 says a ban leaves the allow list), then
+    delete their stored events; returns how many were deleted."""
+    await control.execute(
+        "DELETE FROM tenant_members WHERE host = $1 AND pubkey = $2", tenant, pubkey
+    )
     await control.execute(
         "INSERT INTO banned_pubkeys (tenant, pubkey, reason) VALUES ($1, $2, $3)"
         " ON CONFLICT (tenant, pubkey) DO UPDATE SET reason = excluded.reason",
@@ -69,6 +73,19 @@ async def ban_pubkey(control: Conn, events: Conn, tenant: str, pubkey: str, reas
         "DELETE FROM events WHERE tenant = $1 AND pubkey = $2", tenant, bytes.fromhex(pubkey)
     )
     return int(status.split()[-1])
+
+
+async def allow_pubkey(control: Conn, tenant: str, pubkey: str) -> bool:
+    """Make the author a member (NIP-86 `allowpubkey`, `engram tenant member add`); an
+    allowed author is no longer banned. True if they were not a member yet."""
+    await unban_pubkey(control, tenant, pubkey)
+    return _changed(
+        await control.execute(
+            "INSERT INTO tenant_members (host, pubkey) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            tenant,
+            pubkey,
+        )
+    )
 
 
 async def unban_pubkey(control: Conn, tenant: str, pubkey: str) -> bool:
@@ -118,13 +135,32 @@ async def _moderate_event(
     )
 
 
-async def banned_events(control: Conn, tenant: str) -> list[tuple[str, str]]:
+async def unmoderate_event(control: Conn, tenant: str, event_id: str, banned: bool) -> bool:
+    """Forget a ban (`unbanevent`) or an approval (`unallowevent`) of an event id: a
+    reported event that is no longer allowed is back on the queue."""
+    return _changed(
+        await control.execute(
+            "DELETE FROM moderated_events WHERE tenant = $1 AND id = $2 AND banned = $3",
+            tenant,
+            event_id,
+            banned,
+        )
+    )
+
+
+async def moderated_events(control: Conn, tenant: str, banned: bool) -> list[tuple[str, str]]:
+    """Banned (or allowed) event ids with their reasons, oldest decision first."""
     rows = await control.fetch(
-        "SELECT id, reason FROM moderated_events WHERE tenant = $1 AND banned"
+        "SELECT id, reason FROM moderated_events WHERE tenant = $1 AND banned = $2"
         " ORDER BY added_at, id",
         tenant,
+        banned,
     )
     return [(r[0], r[1]) for r in rows]
+
+
+async def banned_events(control: Conn, tenant: str) -> list[tuple[str, str]]:
+    return await moderated_events(control, tenant, True)
 
 
 async def events_needing_moderation(
