@@ -182,12 +182,7 @@ class Relay:
 
     def _verified(self, session: Session, tenant: Tenant, event: Event, valid: bool) -> None:
         """`ingest` after the verifier thread's answer (the event is counted in flight)."""
-        why = (
-            self.moderated(session, tenant, event)
-            or policy.check_write(event, session.authed, session.admitted, tenant)
-            if valid
-            else (validate.INVALID_SIGNATURE)
-        )
+        why = self.may_write(session, tenant, event) if valid else validate.INVALID_SIGNATURE
         if why or validate.is_ephemeral(event.kind):
             session.event_done()
             self.answer(session, tenant, event, not why, why or "")
@@ -239,22 +234,23 @@ class Relay:
 
     def check(self, tenant: Tenant, event: Event, session: Session | None) -> str | None:
         """Validation (cheapest first), then the write policy: None, or the refusal."""
-        why = validate.check_event(event, tenant.limits, int(self.clock()))
-        if not why:
-            why = self.moderated(session, tenant, event)
-        if not why and session is not None:
-            why = policy.check_write(event, session.authed, session.admitted, tenant)
-        return why
+        return validate.check_event(event, tenant.limits, int(self.clock())) or self.may_write(
+            session, tenant, event
+        )
 
     @staticmethod
-    def moderated(session: Session | None, tenant: Tenant, event: Event) -> str | None:
-        """NIP-86 moderation, then NIP-62 addressing of a request to vanish."""
-        why = policy.check_moderated(event, tenant)
-        if why is None and event.kind == KIND_VANISH:
+    def may_write(session: Session | None, tenant: Tenant, event: Event) -> str | None:
+        """Whether the tenant takes a valid event: its moderation (NIP-86), then its write
+        policy (none for `engram import`, session None). A request to vanish naming this
+        relay is taken from anyone: NIP-62 binds relays whatever the author's status."""
+        if event.kind == KIND_VANISH:
             hosts = tenant.hosts
             if not hosts and session is not None:  # the built-in tenant answers any host
                 hosts = frozenset([host_of(session.host)])
-            why = policy.check_vanish(event, hosts)
+            return policy.check_vanish(event, hosts)
+        why = policy.check_moderated(event, tenant)
+        if why is None and session is not None:
+            why = policy.check_write(event, session.authed, session.admitted, tenant)
         return why
 
     def outcome(

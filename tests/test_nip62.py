@@ -3,6 +3,7 @@ two tenants. The request is built and signed by nostr-sdk."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import msgspec
@@ -133,3 +134,41 @@ async def test_a_relay_without_tenants_is_named_by_the_host_it_is_reached_on(rel
         assert [e["id"] for e in got] == [request.id]
         ok = await c.publish(note)
         assert ok[2] is False and ok[3].startswith("blocked:")
+
+
+async def test_a_restricted_tenant_takes_the_request_from_anyone(relay):
+    """NIP-62: relays restricting who may post follow the request whatever the author's
+    status: here a members-only tenant requiring AUTH, and an author who is neither a
+    member nor AUTHed (nor allowed to publish anything else)."""
+    db = relay.database_url
+    tenant_cli(db, "add", "closed.test", "--write", "members", "--name", "closed")
+    tenant_cli(db, "member", "add", "closed.test", pubkey_of(WRAPPER))
+    tenant_cli(db, "set", "closed.test", "--name", "ready")  # loaded with the member
+    wait_for(lambda: json.loads(http_get(relay.port, "closed.test")[1])["name"] == "ready")
+    now = int(time.time())
+    leaver = pubkey_of(LEAVER)
+    wrap = ev(WRAPPER, 1059, [("p", leaver)], "sealed", created_at=now - 600)
+    c = await authed(relay.port, "closed.test", WRAPPER)
+    try:
+        assert (await c.publish(wrap))[2] is True
+    finally:
+        await c.close()
+    tenant_cli(db, "set", "closed.test", "--auth-required")
+    wait_for(
+        lambda: json.loads(http_get(relay.port, "closed.test")[1])["limitation"]["auth_required"]
+    )
+    c = await connect(relay.port, "closed.test")
+    try:
+        ok = await c.publish(ev(LEAVER, content="not a member"))
+        assert ok[2] is False and ok[3].startswith("auth-required:")
+        request = vanish_request(LEAVER, ["wss://closed.test"], now)
+        assert (await c.publish(request))[2] is True
+    finally:
+        await c.close()
+    c = await authed(relay.port, "closed.test", WRAPPER)
+    try:
+        assert await c.query({"kinds": [1059]}) == []
+        ok = await c.publish(wrap)
+        assert ok[2] is False and ok[3].startswith("blocked:")
+    finally:
+        await c.close()
