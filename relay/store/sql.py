@@ -66,8 +66,7 @@ _NOT_VANISHED = (
     " NOT EXISTS (SELECT 1 FROM vanished v WHERE v.tenant = t.tenant"
     f" AND v.pubkey = t.pubkey AND t.created_at <= v.until AND t.kind <> {KIND_VANISH})"
     f" AND (t.kind <> {KIND_GIFT_WRAP} OR NOT EXISTS (SELECT 1 FROM vanished w"
-    " WHERE w.tenant = t.tenant"
-    " AND t.created_at <= w.until AND 'p:' || encode(w.pubkey, 'hex') = ANY(t.tagvals::text[])))"
+    " WHERE w.tenant = t.tenant AND w.ptag = ANY(t.tagvals::text[]) AND t.created_at <= w.until))"
 )
 _NOT_DELETED_ID = (
     " WHERE NOT EXISTS (SELECT 1 FROM deleted_events x WHERE x.tenant = t.tenant"
