@@ -24,7 +24,7 @@ from starlette.websockets import WebSocket
 from engram.nip01 import parse_public_key
 from relay import gctune, metrics, nip11, nip86, page, retention
 from relay.config import Settings
-from relay.pipeline import Relay
+from relay.pipeline import BLOCKED_ADDRESS, Relay
 from relay.store import StoreError
 from relay.tenants import TenantRegistry
 from relay.transport import client_ip, serve_websocket
@@ -219,7 +219,7 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             return
         if tenant.moderation.ip_blocked(client_ip(ws, settings.rate.trust_forwarded_for)):
             await ws.send_denial_response(
-                PlainTextResponse("blocked: your address is blocked here\n", status_code=403)
+                PlainTextResponse(BLOCKED_ADDRESS + "\n", status_code=403)
             )
             return
         await serve_websocket(ws, relay, tenant)

@@ -32,6 +32,7 @@ from relay.verifier import BatchVerifier
 from relay.wire import Reason
 
 log = logging.getLogger("engram.relay")
+BLOCKED_ADDRESS = Reason.BLOCKED("your address is blocked here")
 
 
 class Relay:
@@ -74,6 +75,10 @@ class Relay:
         the store, for the transport to run.
         """
         tenant = self.tenant_of(session)
+        mod = tenant.moderation
+        if mod.blocked_ips and mod.ip_blocked(session.ip):  # blocked since it connected
+            session.send(wire.notice(BLOCKED_ADDRESS))
+            return None
         limit = tenant.limits.max_message_length
         if len(frame) > limit:
             session.send(

@@ -418,11 +418,17 @@ async def test_kinds(nodes):
 
 async def test_blocked_ip_cannot_connect(nodes):
     n1, n2 = nodes
+    already = await connect(n2.port, "a.test")  # connected before the block
     assert call(n1.port, "a.test", ADMIN_A, "blockip", "127.0.0.1", "abuse") is True
     assert call(n2.port, "a.test", ADMIN_A, "listblockedips") == [
         {"ip": "127.0.0.1", "reason": "abuse"}
     ]
     synced(n2, "a.test", "blocked", via=n1)
+    try:  # what it sends now is refused
+        await already.send(["EVENT", ev(STRANGER, content="still here?")])
+        assert (await already.expect("NOTICE"))[1] == "blocked: your address is blocked here"
+    finally:
+        await already.close()
     for node in (n1, n2):
         with pytest.raises(Exception) as refused:
             await connect(node.port, "a.test")
