@@ -401,12 +401,14 @@ def rm(
 
 
 def _member_action(host: str, pubkey: str, add: bool) -> Callable[[Any], Awaitable[bool]]:
+    from relay.store import moderation as mod
     from relay.store import tenants as db
 
     async def action(conn: Any) -> bool:
         if await db.get_tenant(conn, host) is None:
             raise _fail(f"no tenant {host}")
-        change = db.add_member if add else db.remove_member
+        # adding is NIP-86 `allowpubkey`: an allowed author is no longer banned
+        change = mod.allow_pubkey if add else db.remove_member
         return await change(conn, host, pubkey)
 
     return action
@@ -416,7 +418,7 @@ def _member_action(host: str, pubkey: str, add: bool) -> Callable[[Any], Awaitab
 def member_add(
     host: str, pubkey: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None
 ) -> None:
-    """Make PUBKEY (hex or npub) a member of the tenant on HOST."""
+    """Make PUBKEY (hex or npub) a member of the tenant on HOST (lifts a ban of it)."""
     key, pk = _host(host), _pubkey(pubkey)
     _change(
         database_url,
@@ -448,3 +450,268 @@ def member_ls(host: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt 
 
     for pk in _existing(host, database_url, data_dir).members:
         typer.echo(pk)
+
+
+# --- admins and moderation (the state the NIP-86 management API reads and writes) -------
+
+admin_app = typer.Typer(help="Admins of a tenant: who may call its NIP-86 management API.")
+tenant_app.add_typer(admin_app, name="admin")
+ReasonOpt = Annotated[str, typer.Option(help="Why (shown by the list methods).")]
+
+
+def _admin_action(host: str, pubkey: str, add: bool) -> Callable[[Any], Awaitable[bool]]:
+    from relay.store import moderation as mod
+    from relay.store import tenants as db
+
+    async def action(conn: Any) -> bool:
+        if await db.get_tenant(conn, host) is None:
+            raise _fail(f"no tenant {host}")
+        return await (mod.add_admin if add else mod.remove_admin)(conn, host, pubkey)
+
+    return action
+
+
+@admin_app.command("add")
+def admin_add(
+    host: str, pubkey: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None
+) -> None:
+    """Let PUBKEY (hex or npub) manage the tenant on HOST through NIP-86."""
+    key, pk = _host(host), _pubkey(pubkey)
+    changed = _run(database_url, data_dir, _admin_action(key, pk, add=True))
+    typer.echo(f"{'added' if changed else 'already an admin:'} {pk} to {key}")
+
+
+@admin_app.command("rm")
+def admin_rm(
+    host: str, pubkey: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None
+) -> None:
+    """Remove PUBKEY from the tenant's admins."""
+    key, pk = _host(host), _pubkey(pubkey)
+    if not _run(database_url, data_dir, _admin_action(key, pk, add=False)):
+        raise _fail(f"{pk} is not an admin of {key}")
+    typer.echo(f"removed admin {pk} from {key}")
+
+
+@admin_app.command("ls")
+def admin_ls(host: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
+    """List the tenant's admins (hex pubkeys)."""
+    for pk in _existing(host, database_url, data_dir).admins:
+        typer.echo(pk)
+
+
+def _moderate(
+    host: str,
+    database_url: str | None,
+    data_dir: str | None,
+    action: Callable[[Any, Any, str], Awaitable[T]],
+) -> T:
+    """Run `action(control, events, tenant key)`: HOST is a tenant, or `default` (the
+    built-in tenant of a relay without tenants)."""
+    from relay.store import DEFAULT_TENANT
+    from relay.store import tenants as db
+
+    key = _host(host)
+
+    async def run(conn: Any) -> T:
+        if key != DEFAULT_TENANT and await db.get_tenant(conn, key) is None:
+            raise _fail(f"no tenant {key} (`default` is the relay without tenants)")
+        return await db.on_events_database(conn, key, lambda events: action(conn, events, key))
+
+    return _run(database_url, data_dir, run)
+
+
+def _event_id(raw: str) -> str:
+    from engram.nip01 import is_hex
+
+    value = raw.strip().lower()
+    if not is_hex(value, 64):
+        raise _fail(f"not an event id (64 hex characters): {raw!r}")
+    return value
+
+
+def _ip(raw: str) -> str:
+    from relay.moderation import normalize_ip
+
+    value = normalize_ip(raw)
+    if not value:
+        raise _fail(f"not an IP address: {raw!r}")
+    return value
+
+
+@tenant_app.command("ban")
+def ban(
+    host: str,
+    pubkey: str,
+    reason: ReasonOpt = "",
+    database_url: DatabaseOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Ban PUBKEY on HOST: its stored events are deleted, new ones refused `blocked:`."""
+    from relay.store import moderation as mod
+
+    pk = _pubkey(pubkey)
+    n = _moderate(host, database_url, data_dir, lambda c, e, k: mod.ban_pubkey(c, e, k, pk, reason))
+    typer.echo(f"banned {pk} ({n} events deleted)")
+
+
+@tenant_app.command("unban")
+def unban(
+    host: str, pubkey: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None
+) -> None:
+    """Lift a ban of PUBKEY (its deleted events stay deleted)."""
+    from relay.store import moderation as mod
+
+    pk = _pubkey(pubkey)
+    if not _moderate(host, database_url, data_dir, lambda c, e, k: mod.unban_pubkey(c, k, pk)):
+        raise _fail(f"{pk} is not banned")
+    typer.echo(f"unbanned {pk}")
+
+
+@tenant_app.command("ban-event")
+def ban_event(
+    host: str,
+    event_id: str,
+    reason: ReasonOpt = "",
+    database_url: DatabaseOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Ban an event: deleted now, refused if sent again."""
+    from relay.store import moderation as mod
+
+    eid = _event_id(event_id)
+    n = _moderate(host, database_url, data_dir, lambda c, e, k: mod.ban_event(c, e, k, eid, reason))
+    typer.echo(f"banned event {eid} ({n} deleted)")
+
+
+@tenant_app.command("allow-event")
+def allow_event(
+    host: str,
+    event_id: str,
+    reason: ReasonOpt = "",
+    database_url: DatabaseOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Approve a reported event (off the moderation queue); lifts a ban of it."""
+    from relay.store import moderation as mod
+
+    eid = _event_id(event_id)
+    _moderate(host, database_url, data_dir, lambda c, e, k: mod.allow_event(c, k, eid, reason))
+    typer.echo(f"allowed event {eid}")
+
+
+def _forget_event(
+    host: str, event_id: str, banned: bool, db_url: str | None, d: str | None
+) -> None:
+    from relay.store import moderation as mod
+
+    eid = _event_id(event_id)
+    if not _moderate(host, db_url, d, lambda c, e, k: mod.unmoderate_event(c, k, eid, banned)):
+        raise _fail(f"event {eid} is not {'banned' if banned else 'allowed'}")
+    typer.echo(f"{'unbanned' if banned else 'unallowed'} event {eid}")
+
+
+@tenant_app.command("unban-event")
+def unban_event(
+    host: str, event_id: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None
+) -> None:
+    """Lift a ban of an event id (it may be sent again; what was deleted stays deleted)."""
+    _forget_event(host, event_id, True, database_url, data_dir)
+
+
+@tenant_app.command("unallow-event")
+def unallow_event(
+    host: str, event_id: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None
+) -> None:
+    """Forget an approval: a reported event is back on the moderation queue."""
+    _forget_event(host, event_id, False, database_url, data_dir)
+
+
+def _kind_command(host: str, kind: int, how: str, db_url: str | None, d: str | None) -> None:
+    from relay.store import moderation as mod
+
+    if not 0 <= kind <= 65535:
+        raise _fail(f"kind must be 0-65535, got {kind}")
+    if how == "clear":
+        _moderate(host, db_url, d, lambda c, e, k: mod.clear_kind(c, k, kind))
+    else:
+        _moderate(host, db_url, d, lambda c, e, k: mod.set_kind(c, k, kind, how == "allow"))
+    typer.echo(f"kind {kind}: {how}ed" if how != "clear" else f"kind {kind}: cleared")
+
+
+@tenant_app.command("allow-kind")
+def allow_kind(
+    host: str, kind: int, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None
+) -> None:
+    """Allow KIND; once any kind is allowed, only allowed kinds are accepted."""
+    _kind_command(host, kind, "allow", database_url, data_dir)
+
+
+@tenant_app.command("disallow-kind")
+def disallow_kind(
+    host: str, kind: int, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None
+) -> None:
+    """Refuse new events of KIND (`blocked:`)."""
+    _kind_command(host, kind, "disallow", database_url, data_dir)
+
+
+@tenant_app.command("clear-kind")
+def clear_kind(
+    host: str, kind: int, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None
+) -> None:
+    """Forget an allow-kind or disallow-kind of KIND."""
+    _kind_command(host, kind, "clear", database_url, data_dir)
+
+
+@tenant_app.command("block-ip")
+def block_ip(
+    host: str,
+    ip: str,
+    reason: ReasonOpt = "",
+    database_url: DatabaseOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Refuse websocket connections from IP (HTTP 403)."""
+    from relay.store import moderation as mod
+
+    addr = _ip(ip)
+    _moderate(host, database_url, data_dir, lambda c, e, k: mod.block_ip(c, k, addr, reason))
+    typer.echo(f"blocked {addr}")
+
+
+@tenant_app.command("unblock-ip")
+def unblock_ip(
+    host: str, ip: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None
+) -> None:
+    """Let IP connect again."""
+    from relay.store import moderation as mod
+
+    addr = _ip(ip)
+    if not _moderate(host, database_url, data_dir, lambda c, e, k: mod.unblock_ip(c, k, addr)):
+        raise _fail(f"{addr} is not blocked")
+    typer.echo(f"unblocked {addr}")
+
+
+@tenant_app.command("moderation")
+def moderation(host: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
+    """The tenant's moderation as JSON: bans, kinds, blocked addresses and the reported
+    events still waiting for a decision (what the NIP-86 list methods answer)."""
+    from relay.store import moderation as mod
+
+    async def gather(c: Any, e: Any, k: str) -> dict[str, Any]:
+        return {
+            "banned_pubkeys": [
+                {"pubkey": p, "reason": r} for p, r in await mod.banned_pubkeys(c, k)
+            ],
+            "banned_events": [{"id": i, "reason": r} for i, r in await mod.banned_events(c, k)],
+            "allowed_events": [
+                {"id": i, "reason": r} for i, r in await mod.moderated_events(c, k, False)
+            ],
+            "allowed_kinds": await mod.kinds(c, k, True),
+            "disallowed_kinds": await mod.kinds(c, k, False),
+            "blocked_ips": [{"ip": i, "reason": r} for i, r in await mod.blocked_ips(c, k)],
+            "events_needing_moderation": [
+                {"id": i, "reason": r} for i, r in await mod.events_needing_moderation(c, e, k)
+            ],
+        }
+
+    typer.echo(json.dumps(_moderate(host, database_url, data_dir, gather), indent=2))

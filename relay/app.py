@@ -21,19 +21,21 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from relay import gctune, metrics, nip11, page, retention
+from engram.nip01 import parse_public_key
+from relay import gctune, metrics, nip11, nip86, page, retention
 from relay.config import Settings
-from relay.pipeline import Relay
+from relay.pipeline import BLOCKED_ADDRESS, Relay
 from relay.store import StoreError
 from relay.tenants import TenantRegistry
-from relay.transport import serve_websocket
+from relay.transport import client_ip, serve_websocket
 
 log = logging.getLogger("engram.relay")
 
 _CORS = {
     "Access-Control-Allow-Origin": "*",
-    "Access-Control-Allow-Headers": "*",
-    "Access-Control-Allow-Methods": "GET, OPTIONS",
+    # `*` does not cover Authorization (Fetch standard): NIP-86 web clients send it
+    "Access-Control-Allow-Headers": "*, Authorization",
+    "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
 }
 _NOT_FOUND = "not found\n"
 
@@ -46,11 +48,37 @@ def package_version() -> str:
 
 
 async def refresh_tenants(store: object, registry: TenantRegistry) -> None:
-    """Reload the tenant configuration if its version moved."""
+    """Reload the tenant configuration if its version moved. New bans (relay.nip86,
+    `engram tenant ban`) are swept once more here: an event this node accepted before it
+    knew of the ban must not stay stored."""
     current = await store.tenant_version()  # type: ignore[attr-defined]
     if current != registry.version:
-        registry.load(await store.load_tenants(), current)  # type: ignore[attr-defined]
+        first = registry.version < 0
+        before = registry.bans()
+        configs = await store.load_tenants()  # type: ignore[attr-defined]
+        registry.load(configs, current, await store.load_moderation())  # type: ignore[attr-defined]
         log.info("tenant configuration v%d loaded", current)
+        if not first:
+            await sweep_new_bans(store, before, registry.bans())
+
+
+async def sweep_new_bans(
+    store: object,
+    before: dict[str, tuple[frozenset[str], frozenset[str]]],
+    after: dict[str, tuple[frozenset[str], frozenset[str]]],
+) -> None:
+    from relay.store import moderation
+
+    for tenant, (pubkeys, ids) in after.items():
+        old_pubkeys, old_ids = before.get(tenant, (frozenset(), frozenset()))
+        new_pubkeys, new_ids = sorted(pubkeys - old_pubkeys), sorted(ids - old_ids)
+        if new_pubkeys or new_ids:
+            n = await store.run_admin(  # type: ignore[attr-defined]
+                tenant,
+                lambda _c, ev, t=tenant, p=new_pubkeys, i=new_ids: moderation.sweep(ev, t, p, i),
+            )
+            if n:
+                log.info("tenant %s: %d events of new bans deleted", tenant, n)
 
 
 async def poll_tenants(store: object, registry: TenantRegistry, every: float) -> None:
@@ -109,6 +137,40 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             await store.close()
 
     nips = nip11.supported_nips(settings)
+    operators = frozenset(parse_public_key(pk) for pk in settings.operators)
+
+    async def manage(request: Request) -> Response:
+        """NIP-86 management call (relay.nip86)."""
+        relay: Relay = request.app.state.relay
+        headers = request.headers
+        tenant = relay.tenants.resolve(headers.get("host", ""))
+        if tenant is None:
+            return PlainTextResponse(_NOT_FOUND, status_code=404)
+        body = b""
+        async for chunk in request.stream():  # bounded: never more than MAX_BODY + chunk
+            body += chunk
+            if len(body) > nip86.MAX_BODY:
+                break
+        store = relay.store
+        answer = await nip86.handle(
+            tenant=tenant,
+            operators=operators,
+            host_header=headers.get("host", ""),
+            path=request.url.path,
+            query=request.url.query,
+            content_type=headers.get("content-type", ""),
+            authorization=headers.get("authorization", ""),
+            body=body,
+            now=int(time.time()),
+            run=store.run_admin,  # type: ignore[attr-defined]
+            refresh=lambda: refresh_tenants(store, relay.tenants),
+        )
+        return JSONResponse(
+            answer.body,
+            status_code=answer.status,
+            media_type=nip86.CONTENT_TYPE,
+            headers={**_CORS, **answer.headers},
+        )
 
     async def info(request: Request) -> Response:
         relay: Relay = request.app.state.relay
@@ -155,11 +217,17 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
         if tenant is None:
             await ws.send_denial_response(PlainTextResponse(_NOT_FOUND, status_code=404))
             return
+        if tenant.moderation.ip_blocked(client_ip(ws, settings.rate.trust_forwarded_for)):
+            await ws.send_denial_response(
+                PlainTextResponse(BLOCKED_ADDRESS + "\n", status_code=403)
+            )
+            return
         await serve_websocket(ws, relay, tenant)
 
     return Starlette(
         routes=[
             Route("/", info, methods=["GET", "HEAD", "OPTIONS"]),
+            Route("/", manage, methods=["POST"]),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", prometheus),

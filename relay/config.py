@@ -15,6 +15,8 @@ from typing import Any
 import msgspec
 
 from engram import KIND_ENGRAM as KIND_ENGRAM  # re-exported: relay code imports it here
+from engram.errors import KeyFormatError
+from engram.nip01 import parse_public_key
 from engram.nip42 import KIND_AUTH as KIND_AUTH  # re-exported, as KIND_ENGRAM
 from relay.durations import parse_duration
 from relay.ratelimit import RateLimits
@@ -87,6 +89,9 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     relay_description: str = "Nostr relay for encrypted agent memory (NIP-AE engrams)"
     relay_pubkey: str | None = None
     relay_contact: str | None = None
+    # NIP-86: pubkeys (hex or npub) that may manage every tenant through the management
+    # API (each tenant's own admins: `engram tenant admin add`); env: comma-separated
+    operators: list[str] = msgspec.field(default_factory=list)
     limits: Limits = msgspec.field(default_factory=Limits)
     rate: RateLimits = msgspec.field(default_factory=RateLimits)
     retention: Retention = msgspec.field(default_factory=Retention)
@@ -247,6 +252,11 @@ def _check_values(settings: Settings) -> None:
         raise ConfigError(
             f"log_format: expected one of {', '.join(LOG_FORMATS)}, got {settings.log_format!r}"
         )
+    for pk in settings.operators:
+        try:
+            parse_public_key(pk)
+        except KeyFormatError as exc:
+            raise ConfigError(f"operators: {exc}") from exc
     if not 0 <= settings.port <= 65535:
         raise ConfigError(f"port: expected 0-65535, got {settings.port}")
     tables: list[tuple[str, msgspec.Struct]] = [("", settings)]

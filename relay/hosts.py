@@ -1,19 +1,10 @@
 """Host names as tenants are keyed: from a URL, a Host header or a NIP-42 `relay` tag.
 
 A leaf module: tenant binding (`relay.tenants`) and AUTH checks (`relay.policy`) both use
-it, so policy may depend on tenants without tenants reaching back up into policy.
+it, so policy may depend on tenants without tenants reaching back up into policy. The
+rule itself lives in `engram.urls` (NIP-62 and NIP-98 compare hosts the same way).
 """
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
-
-def host_of(url: str) -> str:
-    """Lower-cased host name of a URL or Host header, port stripped."""
-    if "//" not in url:
-        url = "//" + url
-    try:
-        return (urlsplit(url).hostname or "").lower()
-    except ValueError:
-        return ""
+from engram.urls import host_of as host_of

@@ -13,7 +13,7 @@ import msgspec
 from relay.config import Settings
 from relay.tenants import Tenant
 
-SUPPORTED_NIPS = [1, 9, 11, 13, 40, 42, 45, 50, 70, 77]
+SUPPORTED_NIPS = [1, 9, 11, 13, 40, 42, 45, 50, 62, 70, 77, 86]
 SOFTWARE = "https://pypi.org/project/engram-relay/"
 
 

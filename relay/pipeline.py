@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from engram.nip01 import Event
+from engram.nip62 import KIND_VANISH
 from relay import metrics, policy, validate, wire
 from relay.bus import EventBus
 from relay.config import Limits, Settings
@@ -32,6 +33,7 @@ from relay.verifier import BatchVerifier
 from relay.wire import Reason
 
 log = logging.getLogger("engram.relay")
+BLOCKED_ADDRESS = Reason.BLOCKED("your address is blocked here")
 
 
 class Relay:
@@ -75,6 +77,10 @@ class Relay:
         the store, for the transport to run.
         """
         tenant = self.tenant_of(session)
+        mod = tenant.moderation
+        if mod.blocked_ips and mod.ip_blocked(session.ip):  # blocked since it connected
+            session.send(wire.notice(BLOCKED_ADDRESS))
+            return None
         limit = tenant.limits.max_message_length
         if len(frame) > limit:
             session.send(
@@ -183,11 +189,7 @@ class Relay:
 
     def _verified(self, session: Session, tenant: Tenant, event: Event, valid: bool) -> None:
         """`ingest` after the verifier thread's answer (the event is counted in flight)."""
-        why = (
-            policy.check_write(event, session.authed, session.admitted, tenant)
-            if valid
-            else (validate.INVALID_SIGNATURE)
-        )
+        why = self.may_write(session, tenant, event) if valid else validate.INVALID_SIGNATURE
         if why or validate.is_ephemeral(event.kind):
             session.event_done()
             self.answer(session, tenant, event, not why, why or "")
@@ -239,8 +241,22 @@ class Relay:
 
     def check(self, tenant: Tenant, event: Event, session: Session | None) -> str | None:
         """Validation (cheapest first), then the write policy: None, or the refusal."""
-        why = validate.check_event(event, tenant.limits, int(self.clock()))
-        if not why and session is not None:
+        return validate.check_event(event, tenant.limits, int(self.clock())) or self.may_write(
+            session, tenant, event
+        )
+
+    @staticmethod
+    def may_write(session: Session | None, tenant: Tenant, event: Event) -> str | None:
+        """Whether the tenant takes a valid event: its moderation (NIP-86), then its write
+        policy (none for `engram import`, session None). A request to vanish naming this
+        relay is taken from anyone: NIP-62 binds relays whatever the author's status."""
+        if event.kind == KIND_VANISH:
+            hosts = tenant.hosts
+            if not hosts and session is not None:  # the built-in tenant answers any host
+                hosts = frozenset([host_of(session.host)])
+            return policy.check_vanish(event, hosts)
+        why = policy.check_moderated(event, tenant)
+        if why is None and session is not None:
             why = policy.check_write(event, session.authed, session.admitted, tenant)
         return why
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from engram.errors import AttestationError
 from engram.nip01 import Event, verify_event
+from engram.nip62 import names_relay
 from engram.nip70 import is_protected
 from engram.nipoa import AUTH_TAG, Clause, clauses_allow, event_attestation, verify_auth_tag
 from engram.readers import asks_only_own, parties
+from relay import moderation
 from relay.config import KIND_AUTH, KIND_ENGRAM, Limits
 from relay.filters import Filter
 from relay.hosts import host_of
@@ -110,6 +112,19 @@ def check_write(
             "only members and agents admitted by a member may publish here: AUTH first"
         )
     return Reason.RESTRICTED("only members and agents admitted by a member may publish here")
+
+
+def check_moderated(event: Event, tenant: Tenant) -> str | None:
+    """The tenant's moderation: NIP-86 bans and kinds (relay.moderation)."""
+    return moderation.check_event(event, tenant.moderation)
+
+
+def check_vanish(event: Event, hosts: frozenset[str]) -> str | None:
+    """NIP-62: a request to vanish is taken only when it names this relay (one of
+    `hosts`) or ALL_RELAYS; the store then applies it (relay.store.sql VANISH)."""
+    if names_relay(event, hosts):
+        return None
+    return Reason.INVALID("this request to vanish (NIP-62) does not name this relay")
 
 
 def _private_named(f: Filter, private: frozenset[int]) -> list[int]:

@@ -13,6 +13,7 @@ import msgspec
 
 from relay.config import Limits, Settings, private_set
 from relay.hosts import host_of
+from relay.moderation import NONE, Moderation
 from relay.store import DEFAULT_TENANT
 
 WRITE_POLICIES = ("open", "members")
@@ -32,6 +33,7 @@ class TenantConfig(msgspec.Struct, kw_only=True):
     limits: dict[str, Any] = msgspec.field(default_factory=dict)
     aliases: list[str] = msgspec.field(default_factory=list)
     members: list[str] = msgspec.field(default_factory=list)
+    admins: list[str] = msgspec.field(default_factory=list)  # NIP-86 callers for this tenant
     database_url: str | None = None  # the tenant's own database (None: the relay's)
 
 
@@ -51,6 +53,8 @@ class Tenant(msgspec.Struct, frozen=True, kw_only=True):
     # served only to their author and recipient (relay.policy): engrams, always, and the
     # tenant's private kinds (limits.private_kinds)
     private_kinds: frozenset[int]
+    admins: frozenset[str] = frozenset()
+    moderation: Moderation = NONE
 
     def is_member(self, pubkey: str) -> bool:
         return pubkey in self.members
@@ -111,6 +115,7 @@ def build_tenant(cfg: TenantConfig, settings: Settings) -> Tenant:
         members=frozenset(cfg.members),
         limits=limits,
         private_kinds=private_set(limits.private_kinds),
+        admins=frozenset(cfg.admins),
     )
 
 
@@ -123,12 +128,25 @@ class TenantRegistry:
         self.version = -1
         self._by_host: dict[str, Tenant] = {}
 
-    def load(self, configs: list[TenantConfig], version: int) -> None:
+    def load(
+        self,
+        configs: list[TenantConfig],
+        version: int,
+        moderation: dict[str, Moderation] | None = None,
+    ) -> None:
+        """Swap in a configuration: tenants, and each tenant's moderation (by key)."""
+        mods = moderation or {}
         by_host: dict[str, Tenant] = {}
         for cfg in configs:
             tenant = build_tenant(cfg, self.settings)
+            if cfg.host in mods:
+                tenant = msgspec.structs.replace(tenant, moderation=mods[cfg.host])
             for host in tenant.hosts:
                 by_host[host] = tenant
+        default = default_tenant(self.settings)
+        if DEFAULT_TENANT in mods:
+            default = msgspec.structs.replace(default, moderation=mods[DEFAULT_TENANT])
+        self.default = default
         self._by_host = by_host
         self.version = version
 
@@ -141,6 +159,15 @@ class TenantRegistry:
         if tenant.key == DEFAULT_TENANT and not self._by_host:
             return self.default
         return self._by_host.get(tenant.key, tenant)
+
+    def bans(self) -> dict[str, tuple[frozenset[str], frozenset[str]]]:
+        """(banned pubkeys, banned event ids) of every tenant that has any, by key."""
+        tenants = [self.default, *self._by_host.values()]
+        return {
+            t.key: (t.moderation.banned_pubkeys, t.moderation.banned_events)
+            for t in tenants
+            if t.moderation.banned_pubkeys or t.moderation.banned_events
+        }
 
     @property
     def multi(self) -> bool:

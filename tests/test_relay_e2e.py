@@ -190,7 +190,7 @@ async def test_limit_clamped_and_default_limit(small_relay):
 async def test_nip11_numbers_are_the_enforced_ones(small_relay):
     doc = nip11(small_relay)
     lim = doc["limitation"]
-    assert doc["supported_nips"] == [1, 9, 11, 13, 40, 42, 45, 50, 70, 77]
+    assert doc["supported_nips"] == [1, 9, 11, 13, 40, 42, 45, 50, 62, 70, 77, 86]
     for name in [
         "max_message_length",
         "max_subscriptions",

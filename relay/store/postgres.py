@@ -13,16 +13,19 @@ import collections
 import logging
 import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import asyncpg
 
 from engram.head import beats
 from engram.nip01 import Event
+from engram.nip62 import KIND_VANISH
 from relay import metrics
 from relay.config import DEFAULT_PRIVATE, Settings
 from relay.filters import Filter
-from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError, tenants
+from relay.moderation import Moderation
+from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError, moderation, tenants
 from relay.store import sql as q
 from relay.store.migrate import apply_migrations, migration_status
 from relay.store.readbatch import ReadBatcher, batchable
@@ -30,6 +33,7 @@ from relay.store.sql import Row, RowError, encode_row
 from relay.tenants import TenantConfig
 
 log = logging.getLogger("relay.store")
+T = TypeVar("T")
 
 _CONNECT_TIMEOUT = 10.0  # seconds to open a connection; a dead host must not hang writes
 _COMMAND_TIMEOUT = 60.0  # seconds per statement
@@ -44,7 +48,9 @@ STALE = SaveResult(
 CLOSED = SaveResult(SaveStatus.ERROR, "error: the store is closed")
 
 
-BLOCKED = SaveResult(SaveStatus.BLOCKED, "blocked: this event was deleted by its author")
+BLOCKED = SaveResult(
+    SaveStatus.BLOCKED, "blocked: this event was deleted by its author (NIP-09 or NIP-62)"
+)
 
 DeletionTargets = tuple[list[bytes], list[tuple[int, str]]]
 
@@ -60,6 +66,11 @@ class _Pending:
         deletes: DeletionTargets | None = None,
     ) -> None:
         self.tenant, self.row, self.future, self.deletes = tenant, row, future, deletes
+
+    @property
+    def vanish(self) -> bool:
+        """A NIP-62 request to vanish (the pipeline took only those naming this relay)."""
+        return self.row[3] == KIND_VANISH
 
     @property
     def key(self) -> tuple[str, bytes]:
@@ -245,7 +256,7 @@ class PostgresStore:
         the transaction. Otherwise BEGIN ... COMMIT around every statement.
         """
         kinds = {p.address is None for p in batch}
-        single = len(kinds) == 1 and not any(p.deletes for p in batch)
+        single = len(kinds) == 1 and not any(p.deletes or p.vanish for p in batch)
         try:
             async with self._pool.acquire(timeout=_ACQUIRE_TIMEOUT) as conn:
                 if single:
@@ -305,6 +316,9 @@ class PostgresStore:
         await self._apply_deletions(
             conn, [p for p, r in zip(batch, results, strict=True) if r is STORED and p.deletes]
         )
+        await self._apply_vanish(
+            conn, [p for p, r in zip(batch, results, strict=True) if r is STORED and p.vanish]
+        )
         return [r if r is not None else STALE for r in results]
 
     async def _classify(
@@ -339,6 +353,7 @@ class PostgresStore:
             [p.row[3] for p in batch],
             [p.row[4] for p in batch],
             [p.row[2] for p in batch],
+            [p.row[6] for p in batch],
         )
         return {r[0] for r in rows}
 
@@ -356,6 +371,22 @@ class PostgresStore:
             await conn.execute(q.DELETE_IDS, *map(list, zip(*ids, strict=True)))
         if addrs:
             await conn.execute(q.DELETE_ADDRESSES, *map(list, zip(*addrs, strict=True)))
+
+    async def _apply_vanish(self, conn: Any, requests: list[_Pending]) -> None:
+        """NIP-62, in the batch's transaction: remember each stored request to vanish and
+        delete what it covers (relay.store.sql.VANISH*)."""
+        if not requests:
+            return
+        until: dict[tuple[str, bytes], int] = {}
+        for p in requests:  # one row per author: ON CONFLICT may touch a row only once
+            key = (p.tenant, p.row[1])
+            until[key] = max(until.get(key, p.row[2]), p.row[2])
+        tenants_, pubkeys = [k[0] for k in until], [k[1] for k in until]
+        stamps = list(until.values())
+        await conn.execute(q.VANISH, tenants_, pubkeys, stamps)
+        await conn.execute(q.VANISH_AUTHOR, tenants_, pubkeys, stamps)
+        p_tags = [q.tag_key("p", pk.hex()) for pk in pubkeys]
+        await conn.execute(q.VANISH_GIFT_WRAPS, tenants_, p_tags, stamps)
 
     async def _insert(self, conn: Any, sql: str, rows: list[_Pending]) -> set[tuple[str, bytes]]:
         """Run a multi-row insert; returns the (tenant, id) of the rows it stored.
@@ -451,6 +482,22 @@ class PostgresStore:
             return await tenants.load_tenants(self._pool)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError("error: could not read tenant configuration") from exc
+
+    async def load_moderation(self) -> dict[str, Moderation]:
+        try:
+            return await moderation.load_moderation(self._pool)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError("error: could not read moderation settings") from exc
+
+    async def run_admin(self, action: Callable[[Any], Awaitable[T]]) -> T:
+        """Run an administrative action (relay.store.moderation) on a pooled connection;
+        database failures become StoreError."""
+        try:
+            async with self._pool.acquire(timeout=_ACQUIRE_TIMEOUT) as conn:
+                return await action(conn)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.error("administrative action failed: %s", _reason(exc))
+            raise StoreError(f"error: database error: {_reason(exc)}") from exc
 
     async def ping(self) -> bool:
         """True if the database answers within 5 seconds."""

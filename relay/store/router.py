@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -24,12 +26,14 @@ from engram.nip01 import Event
 from relay.bus import Deliver
 from relay.config import DEFAULT_PRIVATE, Settings
 from relay.filters import Filter
+from relay.moderation import Moderation
 from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError
 from relay.store.pgbus import PostgresBus
 from relay.store.postgres import PostgresStore
 from relay.tenants import TenantConfig
 
 log = logging.getLogger("relay.store")
+T = TypeVar("T")
 
 UNAVAILABLE = "error: this tenant's database is unavailable"
 _CLOSE_UNUSED_AFTER = 30.0  # seconds a database no tenant uses stays open (in-flight work)
@@ -127,6 +131,21 @@ class StoreRouter:
         configs = await self.control.load_tenants()
         await self.place(configs)
         return configs
+
+    async def load_moderation(self) -> dict[str, Moderation]:
+        return await self.control.load_moderation()
+
+    async def run_admin(self, tenant: str, action: Callable[[Any, Any], Awaitable[T]]) -> T:
+        """`action(control, events)`: connections to the relay's database (moderation
+        lists) and to the one holding the tenant's events (the same for most tenants)."""
+        events = self.store_for(tenant)
+        if events is None:
+            raise StoreError(UNAVAILABLE)
+        if events is self.control:
+            return await self.control.run_admin(lambda conn: action(conn, conn))
+        return await self.control.run_admin(
+            lambda control: events.run_admin(lambda conn: action(control, conn))
+        )
 
     async def ping(self) -> bool:
         return await self.control.ping()

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from engram.nip01 import Event, is_hex
+from engram.nip62 import KIND_GIFT_WRAP, KIND_VANISH
 from engram.readers import recipient
 from relay.config import DEFAULT_PRIVATE, KIND_ENGRAM
 from relay.filters import Filter
@@ -65,9 +66,17 @@ BUS_CHANNEL = "engram_events"
 # NIP-09: an event its author deleted never comes back (`a` deletions cover versions up
 # to the request's created_at). Filtered inside the insert, so the common batch is one
 # round trip; the caller tells BLOCKED from DUPLICATE only for rows that did not go in.
+# NIP-62: after a request to vanish, nothing of the author up to its created_at comes
+# back, nor a gift wrap p-tagging them; the requests themselves are never blocked.
+_NOT_VANISHED = (
+    " NOT EXISTS (SELECT 1 FROM vanished v WHERE v.tenant = t.tenant"
+    f" AND v.pubkey = t.pubkey AND t.created_at <= v.until AND t.kind <> {KIND_VANISH})"
+    f" AND (t.kind <> {KIND_GIFT_WRAP} OR NOT EXISTS (SELECT 1 FROM vanished w"
+    " WHERE w.tenant = t.tenant AND w.ptag = ANY(t.tagvals::text[]) AND t.created_at <= w.until))"
+)
 _NOT_DELETED_ID = (
     " WHERE NOT EXISTS (SELECT 1 FROM deleted_events x WHERE x.tenant = t.tenant"
-    " AND x.id = t.id AND x.pubkey = t.pubkey)"
+    " AND x.id = t.id AND x.pubkey = t.pubkey) AND" + _NOT_VANISHED
 )
 _NOT_DELETED_ADDRESS = (
     " AND NOT EXISTS (SELECT 1 FROM deleted_addresses y WHERE y.tenant = t.tenant"
@@ -120,15 +129,18 @@ SELECT_PRESENT = (
 
 
 # NIP-09: which events of a batch were deleted earlier by their author ($1 is the index
-# of the event in the batch). An `a` deletion covers versions up to its created_at.
+# of the event in the batch). An `a` deletion covers versions up to its created_at; a
+# NIP-62 request to vanish covers everything of its author up to its created_at.
 SELECT_DELETED = (
     "SELECT t.i FROM unnest($1::int4[], $2::text[], $3::bytea[], $4::bytea[], $5::int4[],"
-    " $6::text[], $7::int8[]) AS t(i, tenant, id, pubkey, kind, d, created_at)"
+    " $6::text[], $7::int8[], $8::text[]) AS t(i, tenant, id, pubkey, kind, d, created_at,"
+    " tagvals)"
     " WHERE EXISTS (SELECT 1 FROM deleted_events x WHERE x.tenant = t.tenant"
     " AND x.id = t.id AND x.pubkey = t.pubkey)"
     " OR (t.d IS NOT NULL AND EXISTS (SELECT 1 FROM deleted_addresses y"
     " WHERE y.tenant = t.tenant AND y.pubkey = t.pubkey AND y.kind = t.kind AND y.d = t.d"
     " AND t.created_at <= y.until))"
+    " OR NOT (" + _NOT_VANISHED + ")"
 )
 
 # NIP-09 `e` targets: remember them, delete the author's own (never a deletion request).
@@ -138,7 +150,27 @@ DELETE_IDS = (
     " remembered AS (INSERT INTO deleted_events SELECT tenant, id, pubkey FROM t"
     " ON CONFLICT DO NOTHING)"
     " DELETE FROM events e USING t WHERE e.tenant = t.tenant AND e.id = t.id"
-    " AND e.pubkey = t.pubkey AND e.kind <> 5"
+    f" AND e.pubkey = t.pubkey AND e.kind <> 5 AND e.kind <> {KIND_VANISH}"
+)
+
+# NIP-62: remember the request (the latest wins), then delete the author's events up to
+# it (never a request to vanish) and the gift wraps p-tagging the author; two statements
+# so each can use its index (author and time; the gift wraps' `p` ranges of event_tags).
+VANISH = (
+    "INSERT INTO vanished (tenant, pubkey, until)"
+    " SELECT * FROM unnest($1::text[], $2::bytea[], $3::int8[])"
+    " ON CONFLICT (tenant, pubkey) DO UPDATE SET until = greatest(vanished.until, excluded.until)"
+)
+VANISH_AUTHOR = (
+    "DELETE FROM events e USING unnest($1::text[], $2::bytea[], $3::int8[]) AS t(tenant,"
+    " pubkey, until) WHERE e.tenant = t.tenant AND e.pubkey = t.pubkey"
+    f" AND e.created_at <= t.until AND e.kind <> {KIND_VANISH}"
+)
+VANISH_GIFT_WRAPS = (
+    "DELETE FROM events e USING unnest($1::text[], $2::text[], $3::int8[]) AS t(tenant,"
+    " p, until), event_tags x WHERE x.tenant = t.tenant AND x.tag = tag_hash(t.p)"
+    " AND x.created_at <= t.until AND e.tenant = x.tenant AND e.id = x.id"
+    f" AND e.kind = {KIND_GIFT_WRAP} AND e.tagvals && ARRAY[t.p]"
 )
 
 # NIP-09 `a` targets: every version of the author's address up to the request's time.

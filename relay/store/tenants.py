@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from relay.store.moderation import clear_tenant as clear_moderation
 from relay.tenants import TenantConfig
 
 T = TypeVar("T")
@@ -35,14 +36,16 @@ async def config_version(conn: asyncpg.Connection | asyncpg.Pool) -> int:
 async def load_tenants(
     conn: asyncpg.Connection | asyncpg.Pool, host: str | None = None
 ) -> list[TenantConfig]:
-    """Every tenant (or just the one on `host`), with its aliases and members."""
+    """Every tenant (or just the one on `host`), with its aliases, members and admins."""
     rows = await conn.fetch(
         """
         SELECT t.*,
           COALESCE((SELECT array_agg(alias ORDER BY alias) FROM tenant_aliases a
                     WHERE a.host = t.host), '{}') AS aliases,
           COALESCE((SELECT array_agg(pubkey ORDER BY pubkey) FROM tenant_members m
-                    WHERE m.host = t.host), '{}') AS members
+                    WHERE m.host = t.host), '{}') AS members,
+          COALESCE((SELECT array_agg(pubkey ORDER BY pubkey) FROM tenant_admins d
+                    WHERE d.host = t.host), '{}') AS admins
         FROM tenants t WHERE $1::text IS NULL OR t.host = $1 ORDER BY t.host
         """,
         host,
@@ -54,6 +57,7 @@ async def load_tenants(
             limits=json.loads(r["limits"]),
             aliases=list(r["aliases"]),
             members=list(r["members"]),
+            admins=list(r["admins"]),
         )
         for r in rows
     ]
@@ -88,6 +92,8 @@ async def add_tenant(conn: asyncpg.Connection, cfg: TenantConfig) -> None:
             await conn.execute("INSERT INTO tenant_aliases VALUES ($1, $2)", alias, cfg.host)
         for pubkey in cfg.members:
             await add_member(conn, cfg.host, pubkey)
+        for pubkey in cfg.admins:
+            await conn.execute("INSERT INTO tenant_admins VALUES ($1, $2)", cfg.host, pubkey)
 
 
 async def update_tenant(conn: asyncpg.Connection, host: str, **fields: Any) -> None:
@@ -142,6 +148,7 @@ async def remove_tenant(conn: asyncpg.Connection, host: str, purge: bool) -> int
                 (await conn.execute("DELETE FROM events WHERE tenant = $1", host)).split()[-1]
             )
         await conn.execute("DELETE FROM tenants WHERE host = $1", host)
+        await clear_moderation(conn, host)
         return deleted
 
 
