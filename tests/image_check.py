@@ -172,7 +172,8 @@ class Relay:
         return time.monotonic() - started, int(self.state("ExitCode"))
 
     def remove(self) -> None:
-        self.podman("rm", "-f", "-t", "0", self.name, check=False)
+        """With its anonymous /data volume (a container given no `-v` gets one)."""
+        self.podman("rm", "-f", "-v", "-t", "0", self.name, check=False)
 
 
 # --- the external PostgreSQL -----------------------------------------------------------------
@@ -576,6 +577,9 @@ async def main_async(run: Run) -> None:
     finally:
         for relay in run.relays:
             relay.remove()
+        labelled = run.podman("volume", "ls", "-q", "--filter", f"label={run.podman.label}")
+        for volume in labelled.stdout.split():
+            run.podman("volume", "rm", "-f", volume, check=False)
         if pg is not None:
             pg.stop()
         shutil.rmtree(tmp, ignore_errors=True)
