@@ -36,9 +36,10 @@ _ACQUIRE_TIMEOUT = 30.0  # seconds to wait for a pooled connection
 _BATCH_BYTES_MAX = 16 * 1024 * 1024  # raw bytes per batch, on top of write_batch_max
 
 # What a lost or broken database connection raises. InternalClientError ("cannot switch to
-# state 12; another operation (2) is in progress"): a pooled connection the server
-# terminated mid-protocol (PostgreSQL shut down or restarted); the pool drops it on
-# release, so the next try gets a fresh one. Uncaught, it ended the live tail for good.
+# state 12; another operation (2) is in progress"): a pooled connection that had read the
+# server's termination notice (PostgreSQL shut down or restarted) but not yet its closed
+# socket; the pool drops it on release, so the next try gets a fresh one. Uncaught, it
+# ended the live tail's task for good (seen by deploy/test-image: outage, then SIGTERM).
 DB_ERRORS = (
     OSError,
     TimeoutError,
