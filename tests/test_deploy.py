@@ -553,7 +553,7 @@ def test_dockerfile_cmd_port_and_healthcheck_match_the_relay() -> None:
     assert cmd[:2] == ["engram", "serve"]
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
     assert "--port" not in cmd and "--database-url" not in cmd  # from the environment
-    assert "--data-dir" not in cmd  # never the embedded server in a container
+    assert "--data-dir" not in cmd  # the embedded server's place is ENGRAM_DATA_DIR (/data)
 
     env = final_stage().env()
     assert image_port() == Settings().port == int(env["ENGRAM_PORT"])
@@ -563,14 +563,30 @@ def test_dockerfile_cmd_port_and_healthcheck_match_the_relay() -> None:
 
     options, command = image_healthcheck()
     script = " ".join(command)
-    assert "http://127.0.0.1:" in script and "/healthz" in script
+    # health is readiness (database reachable, migrations applied), not liveness
+    assert "http://127.0.0.1:" in script and "/readyz" in script and "/healthz" not in script
     assert "'ENGRAM_PORT', '7777'" in script  # follows ENGRAM_PORT, else the exposed port
     assert float(options["timeout"].rstrip("s")) > 4  # urlopen's own timeout is 4 s
     # the relay serves the path the HEALTHCHECK asks
     from relay.app import create_app
 
     paths = {getattr(r, "path", None) for r in create_app(Settings(), "postgresql://x").routes}
-    assert "/healthz" in paths
+    assert "/readyz" in paths
+
+
+def test_dockerfile_keeps_the_embedded_database_in_a_volume() -> None:
+    """`docker run -v engram-data:/data IMAGE` without a database URL: the embedded
+    PostgreSQL's cluster goes to the volume, which the relay's user may write."""
+    final = final_stage()
+    env = final.env()
+    assert load_settings(env=env).data_dir == env["ENGRAM_DATA_DIR"] == "/data"
+    assert "/data" in final.args("VOLUME") or '["/data"]' in final.args("VOLUME")
+    user = final.args("USER")[-1]
+    names = [name for name, _ in final.instructions]
+    made = [i for i, (n, rest) in enumerate(final.instructions) if n == "RUN" and "/data" in rest]
+    assert made and f"chown {user} /data" in final.instructions[made[0]][1]
+    # a step after VOLUME could not change the directory a new volume is created from
+    assert made[0] < names.index("VOLUME")
 
 
 def test_dockerfile_copies_every_package_the_build_needs() -> None:

@@ -76,3 +76,46 @@ async def test_a_new_cluster_runs_with_them() -> None:
     finally:
         server.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# A child subreaper inherits orphans exactly as a container's PID 1 does: the stand-in for
+# `engram serve` as PID 1 (pg_ctl daemonizes the postmaster, so it becomes ours).
+_AS_PID_1 = """
+import ctypes, os, sys
+from pathlib import Path
+from relay.store.embedded import start_server
+PR_SET_CHILD_SUBREAPER = 36
+assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+server = start_server(Path(sys.argv[1]), cleanup_mode="delete")
+zombies = []
+for stat in Path("/proc").glob("[0-9]*/stat"):
+    try:
+        fields = stat.read_text().rpartition(")")[2].split()
+    except OSError:
+        continue
+    if fields[0] == "Z" and int(fields[1]) == os.getpid():
+        zombies.append(stat.parent.name)
+server.cleanup()
+print(len(zombies))
+"""
+
+
+def test_a_relay_that_is_pid_1_leaves_no_zombie_postmaster() -> None:
+    """The first start restarts the new cluster's server (its settings file); the stopped
+    postmaster's exit status is collected, not left as a zombie `[postgres]`."""
+    import subprocess
+    import sys
+
+    tmp = Path(tempfile.mkdtemp(prefix="engram-test-reap-"))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _AS_PID_1, str(tmp / "pgdata")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split()[-1] == "0", f"zombie postmasters: {done.stdout}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

