@@ -29,6 +29,19 @@ ROOT = Path(__file__).resolve().parent.parent
 ENGRAM = [sys.executable, "-m", "cli.main"]
 
 
+def tenant_cli(db_url: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """`engram tenant ARGS --database-url DB_URL` as a real process; asserts success if `check`."""
+    proc = subprocess.run(
+        [*ENGRAM, "tenant", *args, "--database-url", db_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
 @dataclass(frozen=True)
 class Keys:
     """A fresh agent/owner pair; every test gets its own memory this way."""

@@ -197,7 +197,8 @@ async def test_nostr_sdk_sync_against_our_relay(start_relay, tmp_path, direction
 
 
 async def test_sets_keep_tenants_apart_and_leave_out_deleted_and_expired(start_relay) -> None:
-    from test_tenants import connect, http_get, tenant_cli, wait_for
+    from cli_support import tenant_cli
+    from test_tenants import connect, http_get, wait_for
 
     rp = start_relay(env={"ENGRAM_TENANT_REFRESH_SECONDS": "0.5"})
     tenant_cli(rp.database_url, "add", "a.test")

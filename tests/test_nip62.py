@@ -8,10 +8,11 @@ import time
 
 import msgspec
 import pytest
+from cli_support import tenant_cli
 from nostr_client import Client
 from nostr_sdk import EventBuilder, Keys, Kind, Tag, Timestamp
 from test_nip86 import published, query
-from test_tenants import connect, ev, http_get, tenant_cli, wait_for
+from test_tenants import connect, ev, http_get, wait_for
 
 from engram.nip01 import Event, pubkey_of
 

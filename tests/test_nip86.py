@@ -20,8 +20,9 @@ from typing import Any
 
 import asyncpg
 import pytest
+from cli_support import tenant_cli
 from nostr_sdk import EventBuilder, Keys, Kind, Tag, Timestamp
-from test_tenants import connect, ev, http_get, tenant_cli, wait_for
+from test_tenants import connect, ev, http_get, wait_for
 
 from engram.nip01 import pubkey_of
 

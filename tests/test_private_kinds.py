@@ -13,8 +13,6 @@ import asyncio
 import http.client
 import json
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -24,6 +22,7 @@ from typing import Any
 import asyncpg
 import msgspec
 import pytest
+from cli_support import tenant_cli
 from negentropy_support import neg_reply, reconcile
 from nostr_client import Client
 from nostr_sdk import (
@@ -57,18 +56,6 @@ def ev(sk: bytes, kind: int = 1, tags=(), content: str = "") -> Event:
 
 def ids(events: list[dict[str, Any]]) -> set[str]:
     return {e["id"] for e in events}
-
-
-def tenant_cli(db_url: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", "tenant", *args, "--database-url", db_url],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
 
 
 async def connect(port: int, host: str, key: bytes | None = None) -> Client:

@@ -6,11 +6,10 @@ import asyncio
 import http.client
 import json
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
+from cli_support import tenant_cli
 from nostr_client import Client
 
 from engram.nip01 import pubkey_of, sign_event
@@ -24,18 +23,6 @@ MEMBER, OWNER, AGENT, STRANGER, OUTSIDER = ((0xA11CE000 + i).to_bytes(32, "big")
 def ev(sk: bytes, kind: int = 1, tags=(), content: str = "", created_at: int | None = None):
     ts = int(time.time()) if created_at is None else created_at
     return sign_event(sk, ts, kind, [list(t) for t in tags], content, AUX)
-
-
-def tenant_cli(db_url: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", "tenant", *args, "--database-url", db_url],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
 
 
 async def connect(port: int, host: str) -> Client:
