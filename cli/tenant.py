@@ -695,23 +695,20 @@ def unblock_ip(
 def moderation(host: str, database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
     """The tenant's moderation as JSON: bans, kinds, blocked addresses and the reported
     events still waiting for a decision (what the NIP-86 list methods answer)."""
+    from relay.nip86 import reasoned
     from relay.store import moderation as mod
 
     async def gather(c: Any, e: Any, k: str) -> dict[str, Any]:
         return {
-            "banned_pubkeys": [
-                {"pubkey": p, "reason": r} for p, r in await mod.banned_pubkeys(c, k)
-            ],
-            "banned_events": [{"id": i, "reason": r} for i, r in await mod.banned_events(c, k)],
-            "allowed_events": [
-                {"id": i, "reason": r} for i, r in await mod.moderated_events(c, k, False)
-            ],
+            "banned_pubkeys": reasoned(await mod.banned_pubkeys(c, k), "pubkey"),
+            "banned_events": reasoned(await mod.banned_events(c, k), "id"),
+            "allowed_events": reasoned(await mod.moderated_events(c, k, False), "id"),
             "allowed_kinds": await mod.kinds(c, k, True),
             "disallowed_kinds": await mod.kinds(c, k, False),
-            "blocked_ips": [{"ip": i, "reason": r} for i, r in await mod.blocked_ips(c, k)],
-            "events_needing_moderation": [
-                {"id": i, "reason": r} for i, r in await mod.events_needing_moderation(c, e, k)
-            ],
+            "blocked_ips": reasoned(await mod.blocked_ips(c, k), "ip"),
+            "events_needing_moderation": reasoned(
+                await mod.events_needing_moderation(c, e, k), "id"
+            ),
         }
 
     typer.echo(json.dumps(_moderate(host, database_url, data_dir, gather), indent=2))

@@ -133,8 +133,19 @@ class Call(msgspec.Struct, frozen=True):
         return await self.run(self.tenant, action)
 
 
+def reasoned(rows: list[tuple[str, str]], key: str) -> list[dict[str, str]]:
+    """(value, reason) rows as the list methods answer them: `{key: value, "reason": …}`
+    (also what `engram tenant moderation` prints)."""
+    return [{key: value, "reason": why} for value, why in rows]
+
+
+def _reason(params: list[Any]) -> str:
+    """The optional second parameter of a ban, allow or block: its reason."""
+    return _text(params, 1, "reason", True)
+
+
 async def _banpubkey(c: Call) -> bool:
-    pk, reason = _pubkey(c.params), _text(c.params, 1, "reason", True)
+    pk, reason = _pubkey(c.params), _reason(c.params)
     deleted = await c.on(lambda ctl, ev: m.ban_pubkey(ctl, ev, c.tenant, pk, reason))
     log.info("tenant %s: banned pubkey %s (%d events deleted)", c.tenant, pk, deleted)
     return True
@@ -148,7 +159,7 @@ async def _unbanpubkey(c: Call) -> bool:
 
 async def _listbannedpubkeys(c: Call) -> list[dict[str, str]]:
     rows = await c.on(lambda ctl, ev: m.banned_pubkeys(ctl, c.tenant))
-    return [{"pubkey": pk, "reason": why} for pk, why in rows]
+    return reasoned(rows, "pubkey")
 
 
 async def _allowpubkey(c: Call) -> bool:
@@ -169,14 +180,14 @@ async def _listallowedpubkeys(c: Call) -> list[dict[str, str]]:
 
 
 async def _banevent(c: Call) -> bool:
-    eid, reason = _event_id(c.params), _text(c.params, 1, "reason", True)
+    eid, reason = _event_id(c.params), _reason(c.params)
     await c.on(lambda ctl, ev: m.ban_event(ctl, ev, c.tenant, eid, reason))
     log.info("tenant %s: banned event %s", c.tenant, eid)
     return True
 
 
 async def _allowevent(c: Call) -> bool:
-    eid, reason = _event_id(c.params), _text(c.params, 1, "reason", True)
+    eid, reason = _event_id(c.params), _reason(c.params)
     await c.on(lambda ctl, ev: m.allow_event(ctl, c.tenant, eid, reason))
     return True
 
@@ -193,14 +204,14 @@ def _unmoderate(banned: bool) -> Method:
 def _list_events(banned: bool) -> Method:
     async def listing(c: Call) -> list[dict[str, str]]:
         rows = await c.on(lambda ctl, ev: m.moderated_events(ctl, c.tenant, banned))
-        return [{"id": i, "reason": why} for i, why in rows]
+        return reasoned(rows, "id")
 
     return listing
 
 
 async def _listeventsneedingmoderation(c: Call) -> list[dict[str, str]]:
     rows = await c.on(lambda ctl, ev: m.events_needing_moderation(ctl, ev, c.tenant))
-    return [{"id": i, "reason": why} for i, why in rows]
+    return reasoned(rows, "id")
 
 
 async def _allowkind(c: Call) -> bool:
@@ -223,7 +234,7 @@ def _list_kinds(allowed: bool) -> Method:
 
 
 async def _blockip(c: Call) -> bool:
-    ip, reason = _ip(c.params), _text(c.params, 1, "reason", True)
+    ip, reason = _ip(c.params), _reason(c.params)
     await c.on(lambda ctl, ev: m.block_ip(ctl, c.tenant, ip, reason))
     return True
 
@@ -236,7 +247,7 @@ async def _unblockip(c: Call) -> bool:
 
 async def _listblockedips(c: Call) -> list[dict[str, str]]:
     rows = await c.on(lambda ctl, ev: m.blocked_ips(ctl, c.tenant))
-    return [{"ip": ip, "reason": why} for ip, why in rows]
+    return reasoned(rows, "ip")
 
 
 def _change(column: str, what: str) -> Callable[[Call], Awaitable[bool]]:
