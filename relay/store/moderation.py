@@ -53,6 +53,11 @@ def _changed(status: str) -> bool:
     return not status.endswith(" 0")
 
 
+def _count(status: str) -> int:
+    """Rows a DELETE touched, from its command status (`DELETE 3`)."""
+    return int(status.split()[-1])
+
+
 # --- pubkeys ----------------------------------------------------------------------------
 
 
@@ -72,7 +77,7 @@ async def ban_pubkey(control: Conn, events: Conn, tenant: str, pubkey: str, reas
     status = await events.execute(
         "DELETE FROM events WHERE tenant = $1 AND pubkey = $2", tenant, bytes.fromhex(pubkey)
     )
-    return int(status.split()[-1])
+    return _count(status)
 
 
 async def allow_pubkey(control: Conn, tenant: str, pubkey: str) -> bool:
@@ -113,7 +118,7 @@ async def ban_event(control: Conn, events: Conn, tenant: str, event_id: str, rea
     status = await events.execute(
         "DELETE FROM events WHERE tenant = $1 AND id = $2", tenant, bytes.fromhex(event_id)
     )
-    return int(status.split()[-1])
+    return _count(status)
 
 
 async def allow_event(control: Conn, tenant: str, event_id: str, reason: str) -> None:
@@ -289,12 +294,12 @@ async def sweep(events: Conn, tenant: str, pubkeys: list[str], event_ids: list[s
             tenant,
             [bytes.fromhex(p) for p in pubkeys],
         )
-        deleted += int(status.split()[-1])
+        deleted += _count(status)
     if event_ids:
         status = await events.execute(
             "DELETE FROM events WHERE tenant = $1 AND id = ANY($2::bytea[])",
             tenant,
             [bytes.fromhex(i) for i in event_ids],
         )
-        deleted += int(status.split()[-1])
+        deleted += _count(status)
     return deleted
