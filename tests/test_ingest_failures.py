@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import asyncpg
 import msgspec
 import pytest
 
@@ -19,7 +20,9 @@ from engram.nip01 import Event
 from relay.config import Settings
 from relay.pipeline import Relay
 from relay.session import Session
+from relay.store import SaveStatus
 from relay.store.postgres import PostgresStore
+from relay.store.replicas import ReplicaSet
 from relay.verifier import CHECK_FAILED, SHUTTING_DOWN, BatchVerifier, verify_all
 
 SK = bytes([7]) * 32
@@ -149,3 +152,81 @@ async def test_shutdown_answers_every_event_not_yet_checked(
         e.id for e in [*everything, late]
     )
     assert c.session.in_flight == 0
+
+
+# --- the store writer's replica position call ---------------------------------------
+
+
+class BrokenPosition(ReplicaSet):
+    """Read replicas (none here) whose position call, made by the store writer after
+    every commit, fails as `fail` does."""
+
+    def __init__(self, fail: Callable[[], Awaitable[None]]) -> None:
+        super().__init__([], Settings(), primary=None)  # type: ignore[arg-type]
+        self.fail = fail
+
+    async def note_position(self) -> None:
+        await self.fail()
+
+
+def raw(e: Event) -> bytes:
+    return msgspec.json.encode(e)
+
+
+async def stored_count(database_url: str) -> int:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return int(await conn.fetchval("SELECT count(*) FROM events"))
+    finally:
+        await conn.close()
+
+
+async def test_a_failing_position_call_still_answers_every_event(
+    database_url: str, make_event: MakeEvent
+) -> None:
+    async def fail() -> None:
+        raise RuntimeError("the position read failed")
+
+    store = await PostgresStore.open(database_url, Settings(write_batch_max=5))
+    try:
+        store.replicas = BrokenPosition(fail)
+        events = notes(make_event, 20, "position fails")
+        saves = asyncio.gather(*(store.save(e, raw(e)) for e in events))
+        results = await asyncio.wait_for(saves, 60)
+        # committed before the call failed: stored, and answered so
+        assert {r.status for r in results} == {SaveStatus.STORED}
+        assert await stored_count(database_url) == 20
+        # the writer lives on
+        more = make_event(SK, content="after the failure")
+        assert (await asyncio.wait_for(store.save(more, raw(more)), 60)).status is (
+            SaveStatus.STORED
+        )
+    finally:
+        await store.close()
+
+
+async def test_cancelled_in_the_position_call_still_answers_every_event(
+    database_url: str, make_event: MakeEvent
+) -> None:
+    entered = asyncio.Event()
+
+    async def hang() -> None:
+        entered.set()
+        await asyncio.Event().wait()  # until cancelled
+
+    store = await PostgresStore.open(database_url, Settings(write_batch_max=5, write_concurrency=1))
+    store.replicas = BrokenPosition(hang)
+    events = notes(make_event, 20, "cancelled")
+    saves = asyncio.gather(*(store.save(e, raw(e)) for e in events))
+    await asyncio.wait_for(entered.wait(), 60)  # the first batch committed, then the call
+    closing = asyncio.create_task(store.close())  # waits for the writer...
+    await asyncio.sleep(0)
+    closing.cancel()  # ...and is cancelled: so is the writer, inside the call
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    results = await asyncio.wait_for(saves, 60)
+    statuses = [r.status for r in results]
+    assert statuses == [SaveStatus.STORED] * 5 + [SaveStatus.ERROR] * 15
+    assert {r.message for r in results[5:]} == {"error: the store is closed"}
+    assert await stored_count(database_url) == 5
+    await store.close()  # the writer is gone: closing completes
