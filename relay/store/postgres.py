@@ -113,7 +113,11 @@ class PostgresStore:
         self._writers: list[asyncio.Task[None]] = []
         self._write_concurrency = max(1, settings.write_concurrency)
         self._reads = ReadBatcher(
-            pool, self._query_timeout, settings.read_batch_max, settings.read_concurrency
+            pool,
+            self._query_timeout,
+            settings.read_batch_max,
+            settings.read_concurrency,
+            settings.negentropy_read_concurrency,
         )
         kinds = settings.search_kinds
         self._search_kinds = None if kinds is None else frozenset(kinds)
@@ -449,7 +453,7 @@ class PostgresStore:
         built = q.build_items(f, tenant, viewer, int(time.time()), limit)
         if built is None:
             return [], b""
-        rows = await self._fetch(*built)
+        rows = await self._fetch(*built, bulk=True)  # never on the REQ slots
         _count, ids, stamps = rows[0]
         return list(stamps), bytes(ids)
 
@@ -526,13 +530,15 @@ class PostgresStore:
             if n < batch:
                 return total
 
-    async def _fetch(self, sql: str, params: list[Any]) -> list[Any]:
+    async def _fetch(self, sql: str, params: list[Any], bulk: bool = False) -> list[Any]:
         if self.replicas is not None:  # a healthy replica that has replayed our writes
             rows = await self.replicas.fetch(sql, params, self._query_timeout)
             if rows is not None:
                 return rows  # type: ignore[no-any-return]
-        if batchable(sql, params):
+        if bulk or batchable(sql, params):
             try:
+                if bulk:
+                    return await self._reads.fetch_bulk(sql, params)
                 return await self._reads.fetch(sql, params)
             except TimeoutError as exc:  # asyncpg cancels the statement server-side
                 raise StoreError(f"error: query timed out after {self._query_timeout:g} s") from exc
