@@ -134,6 +134,7 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             expirer.cancel()
             tail.cancel()
             await retention.stop(pruner)
+            relay.close()  # EVENTs still waiting for their signature check are answered
             await store.close()
 
     nips = nip11.supported_nips(settings)

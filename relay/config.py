@@ -144,6 +144,10 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     negentropy_max_items: int = 500_000
     negentropy_max_sessions: int = 4
     negentropy_idle_seconds: float = 60.0
+    negentropy_read_concurrency: int = 2  # NEG-OPEN set reads at once, off the REQ slots
+    # the sets of every connection together (relay.negentropy); past it a NEG-OPEN is
+    # answered NEG-ERR "blocked: …"
+    negentropy_budget_bytes: int = 256 * 1024 * 1024
 
 
 class ConfigError(ValueError):

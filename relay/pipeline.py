@@ -6,7 +6,6 @@ Everything is per tenant: limits, policy, stored rows and the live fan-out.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import defaultdict
@@ -16,18 +15,18 @@ from typing import Any
 import msgspec
 
 from engram.nip01 import Event
-from engram.nip62 import KIND_VANISH
-from relay import metrics, policy, validate, wire
+from relay import metrics, policy, wire
 from relay.bus import EventBus
 from relay.config import Limits, Settings
 from relay.fanout import FanOut
 from relay.filters import Filter, FilterError, parse_filter, restrict_search
 from relay.hosts import host_of
+from relay.ingest import Ingest
 from relay.negentropy import NegentropyService
 from relay.ratelimit import ConnectionAllowance, RateLimiter
 from relay.readgate import ReadGate
 from relay.session import Session
-from relay.store import EventStore, SaveResult, SaveStatus, StoreError
+from relay.store import EventStore, StoreError
 from relay.tenants import Tenant, TenantRegistry
 from relay.verifier import BatchVerifier
 from relay.wire import Reason
@@ -46,6 +45,7 @@ class Relay:
         clock: Callable[[], float] = time.time,
         tenants: TenantRegistry | None = None,
         bus: EventBus | None = None,
+        verifier: BatchVerifier | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -57,8 +57,10 @@ class Relay:
         self.clock = clock
         kinds = settings.search_kinds
         self.search_kinds = None if kinds is None else frozenset(kinds)
-        self._background: set[asyncio.Future[None]] = set()
-        self.verifier = BatchVerifier(settings.verify_threads) if settings.verify_threads else None
+        if verifier is None and settings.verify_threads:
+            verifier = BatchVerifier(settings.verify_threads)
+        self.ingest = Ingest(store, self.fanouts, bus, clock, verifier)
+        self.receive_event = self.ingest.receive
         self.negentropy = NegentropyService(settings, store)
 
     def tenant_of(self, session: Session) -> Tenant:
@@ -99,7 +101,7 @@ class Relay:
             metrics.limited(tenant.key, msg)
             session.send(limited)
         elif isinstance(msg, wire.EventMsg):
-            return self.ingest(session, tenant, msg.event)
+            return self.receive_event(session, tenant, msg.event)
         elif isinstance(msg, wire.ReqMsg):
             return self.request(session, tenant, msg.sub_id, msg.filters)
         elif isinstance(msg, wire.CloseMsg):
@@ -157,125 +159,11 @@ class Relay:
 
     # -- EVENT ------------------------------------------------------------------
 
-    def ingest(
-        self, session: Session, tenant: Tenant, event: Event
-    ) -> Coroutine[Any, Any, None] | None:
-        """An EVENT from a connection: validate, authorize, store, then OK and fan out.
-
-        A stored event's OK is sent by a callback when its batch commits (no task per
-        event); only an ephemeral one returns a coroutine (the bus hand-off).
-        """
-        if self.verifier is not None:
-            why = validate.check_unsigned(event, tenant.limits, int(self.clock()))
-            if why:
-                self.answer(session, tenant, event, False, why)
-                return None
-            session.event_started()
-            self.verifier.submit(event, lambda ok: self._verified(session, tenant, event, ok))
-            return None
-        why = self.check(tenant, event, session)
-        if why:
-            self.answer(session, tenant, event, False, why)
-            return None
-        raw = wire.encode_event(event)
-        if validate.is_ephemeral(event.kind):
-            self.answer(session, tenant, event, True, "")
-            return self.publish_ephemeral(tenant, event, raw)
-        session.event_started()
-        self.store.submit(event, raw, tenant.key).add_done_callback(
-            lambda done: self._committed(session, tenant, event, raw, done)
-        )
-        return None
-
-    def _verified(self, session: Session, tenant: Tenant, event: Event, valid: bool) -> None:
-        """`ingest` after the verifier thread's answer (the event is counted in flight)."""
-        why = self.may_write(session, tenant, event) if valid else validate.INVALID_SIGNATURE
-        if why or validate.is_ephemeral(event.kind):
-            session.event_done()
-            self.answer(session, tenant, event, not why, why or "")
-            if not why:
-                raw = wire.encode_event(event)
-                task = asyncio.ensure_future(self.publish_ephemeral(tenant, event, raw))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-            return
-        raw = wire.encode_event(event)
-        self.store.submit(event, raw, tenant.key).add_done_callback(
-            lambda done: self._committed(session, tenant, event, raw, done)
-        )
-
-    def _committed(
-        self,
-        session: Session,
-        tenant: Tenant,
-        event: Event,
-        raw: bytes,
-        done: asyncio.Future[SaveResult],
-    ) -> None:
-        session.event_done()
-        accepted, message = self.outcome(tenant, event, raw, done.result())
-        self.answer(session, tenant, event, accepted, message)
-
-    @staticmethod
-    def answer(session: Session, tenant: Tenant, event: Event, ok: bool, message: str) -> None:
-        metrics.event_result(tenant.key, event.kind, ok, message)
-        session.send(wire.ok(event.id, ok, message))
-
-    async def admit(
+    def admit(
         self, tenant: Tenant, event: Event, session: Session | None = None
-    ) -> tuple[bool, str]:
-        """Validate, authorize, store, then fan out: (accepted, OK message).
-
-        The same steps as `ingest`, awaited: `engram import` uses it with `session` None
-        (the operator's own path: same validation and store rules, no per-connection
-        write policy).
-        """
-        why = self.check(tenant, event, session)
-        if why:
-            return False, why
-        raw = wire.encode_event(event)
-        if validate.is_ephemeral(event.kind):
-            await self.publish_ephemeral(tenant, event, raw)
-            return True, ""
-        return self.outcome(tenant, event, raw, await self.store.save(event, raw, tenant.key))
-
-    def check(self, tenant: Tenant, event: Event, session: Session | None) -> str | None:
-        """Validation (cheapest first), then the write policy: None, or the refusal."""
-        return validate.check_event(event, tenant.limits, int(self.clock())) or self.may_write(
-            session, tenant, event
-        )
-
-    @staticmethod
-    def may_write(session: Session | None, tenant: Tenant, event: Event) -> str | None:
-        """Whether the tenant takes a valid event: its moderation (NIP-86), then its write
-        policy (none for `engram import`, session None). A request to vanish naming this
-        relay is taken from anyone: NIP-62 binds relays whatever the author's status."""
-        if event.kind == KIND_VANISH:
-            hosts = tenant.hosts
-            if not hosts and session is not None:  # the built-in tenant answers any host
-                hosts = frozenset([host_of(session.host)])
-            return policy.check_vanish(event, hosts)
-        why = policy.check_moderated(event, tenant)
-        if why is None and session is not None:
-            why = policy.check_write(event, session.authed, session.admitted, tenant)
-        return why
-
-    def outcome(
-        self, tenant: Tenant, event: Event, raw: bytes, result: SaveResult
-    ) -> tuple[bool, str]:
-        """What the store said, as (accepted, OK message); a new head is fanned out."""
-        if result.status is SaveStatus.STORED:
-            self.publish_live(tenant.key, event, raw)
-            return True, ""
-        if result.status in (SaveStatus.ERROR, SaveStatus.BLOCKED):
-            return False, result.message or Reason.ERROR("could not store")
-        return True, result.message  # DUPLICATE or STALE: "duplicate: …", from the store
-
-    async def publish_ephemeral(self, tenant: Tenant, event: Event, raw: bytes) -> None:
-        """Ephemeral events are never stored: this node's subscribers, then the bus."""
-        self.publish_live(tenant.key, event, raw)
-        if self.bus is not None:
-            await self.bus.publish_ephemeral(tenant.key, raw)
+    ) -> Coroutine[Any, Any, tuple[bool, str]]:
+        """`engram import`'s path: the EVENT steps, awaited (relay.ingest.Ingest.admit)."""
+        return self.ingest.admit(tenant, event, session)
 
     # -- REQ --------------------------------------------------------------------
 
@@ -407,16 +295,15 @@ class Relay:
         except ValueError:
             log.warning("undecodable event from the bus ignored")
             return
-        self.publish_live(tenant, event, raw)
-
-    def publish_live(self, tenant: str, event: Event, raw: bytes) -> None:
-        """To this node's matching subscribers that may see it, counted."""
-        private = self.tenants.by_key(tenant).private_kinds
-        metrics.live_sent(tenant, self.fanouts[tenant].publish(event, raw, private))
+        self.ingest.publish_live(tenant, event, raw)
 
     def connect(self, tenant: Tenant, ip: str) -> ConnectionAllowance | None:
         """Admit a new connection from `ip`, or None when the address has too many."""
         return self.limiter.connect(tenant.key, ip, self.clock())
+
+    def close(self) -> None:
+        """Shutting down: every EVENT still waiting for a check is answered."""
+        self.ingest.close()
 
     def disconnect(self, session: Session) -> None:
         session.closed = True

@@ -6,48 +6,108 @@ thread verifying a batch overlaps with the loop's Python; the Python around each
 (hex decoding, the key cache) still takes the GIL. `verify_threads` (default 1; 0 verifies
 inline): measured, the event loop's own CPU per EVENT halved and the relay's total
 fell slightly, so the loop is no longer the bottleneck where a core is free.
+
+Every submitted event gets exactly one verdict, whatever the thread does: True or False
+when its signature was checked, else the `error: …` reason it was not (the check raised,
+or the relay is shutting down), so that an event never checked is never called invalid.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from engram.nip01 import Event, signature_valid_hex
+from relay.wire import Reason
+
+log = logging.getLogger("engram.verifier")
+
+# A verdict: True/False (checked), or the `error: …` reason the signature was not checked.
+Verdict = bool | str
+Done = Callable[[Verdict], None]
+CHECK_FAILED = Reason.ERROR("the signature could not be checked; try again")
+SHUTTING_DOWN = Reason.ERROR("the relay is shutting down; try again")
 
 
-def _verify_all(events: list[Event]) -> list[bool]:
+def verify_all(events: list[Event]) -> list[bool]:
+    """The default check of a batch (runs in a verify thread)."""
     return [signature_valid_hex(e) for e in events]
 
 
 class BatchVerifier:
-    """`submit(event, done)`: `done(valid)` runs on the loop once the batch is verified."""
+    """`submit(event, done)`: `done(verdict)` runs on the loop, exactly once per event.
 
-    def __init__(self, threads: int) -> None:
-        self._threads = threads
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="engram-verify")
-        self._pending: list[tuple[Event, Callable[[bool], None]]] = []
+    `check` verifies a batch in a thread (default `verify_all`); what it raises answers
+    its batch `CHECK_FAILED`, and `close` answers everything not yet verified.
+    """
 
-    def submit(self, event: Event, done: Callable[[bool], None]) -> None:
+    def __init__(
+        self, threads: int, check: Callable[[list[Event]], list[bool]] = verify_all
+    ) -> None:
+        self._threads = max(1, threads)
+        self._check = check
+        self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="engram-verify")
+        self._pending: list[tuple[Event, Done]] = []
+        self._running: set[asyncio.Future[list[bool]]] = set()
+        self._closed = False
+
+    def submit(self, event: Event, done: Done) -> None:
+        if self._closed:
+            done(SHUTTING_DOWN)
+            return
         if not self._pending:
             asyncio.get_running_loop().call_soon(self._flush)
         self._pending.append((event, done))
 
     def _flush(self) -> None:
         batch, self._pending = self._pending, []
+        if not batch:
+            return
         loop = asyncio.get_running_loop()
         step = -(-len(batch) // self._threads)
         for i in range(0, len(batch), step):
             part = batch[i : i + step]
-            future = loop.run_in_executor(self._pool, _verify_all, [e for e, _ in part])
-            future.add_done_callback(lambda f, part=part: _deliver(part, f))
+            try:
+                future = loop.run_in_executor(self._pool, self._check, [e for e, _ in part])
+            except RuntimeError:  # the pool is shut down
+                _answer(part, SHUTTING_DOWN)
+                continue
+            self._running.add(future)
+            future.add_done_callback(lambda f, part=part: self._deliver(part, f))
+
+    def _deliver(self, part: list[tuple[Event, Done]], future: asyncio.Future[list[bool]]) -> None:
+        self._running.discard(future)
+        if future.cancelled():
+            _answer(part, SHUTTING_DOWN)
+            return
+        exc = future.exception()
+        results = None if exc is not None else future.result()
+        if results is None or len(results) != len(part):
+            log.error("signature check of %d events failed: %r", len(part), exc or results)
+            _answer(part, CHECK_FAILED)
+            return
+        for (_, done), ok in zip(part, results, strict=True):
+            try:
+                done(ok)
+            except Exception:  # one answer's failure must not leave the others unanswered
+                log.exception("verdict callback failed")
 
     def close(self) -> None:
+        """Shutting down: every event not verified yet is answered `SHUTTING_DOWN` (those
+        in a thread now too: its late result is dropped), and later submits at once."""
+        self._closed = True
+        waiting, self._pending = self._pending, []
+        for future in list(self._running):
+            future.cancel()  # its _deliver answers SHUTTING_DOWN
         self._pool.shutdown(wait=False, cancel_futures=True)
+        _answer(waiting, SHUTTING_DOWN)
 
 
-def _deliver(part: list[tuple[Event, Callable[[bool], None]]], future: asyncio.Future) -> None:
-    results = future.result() if not future.cancelled() else [False] * len(part)
-    for (_, done), ok in zip(part, results, strict=True):
-        done(ok)
+def _answer(part: list[tuple[Event, Done]], verdict: str) -> None:
+    for _, done in part:
+        try:
+            done(verdict)
+        except Exception:
+            log.exception("verdict callback failed")

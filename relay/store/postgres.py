@@ -139,7 +139,11 @@ class PostgresStore:
         self._writers: list[asyncio.Task[None]] = []
         self._write_concurrency = max(1, settings.write_concurrency)
         self._reads = ReadBatcher(
-            pool, self._query_timeout, settings.read_batch_max, settings.read_concurrency
+            pool,
+            self._query_timeout,
+            settings.read_batch_max,
+            settings.read_concurrency,
+            settings.negentropy_read_concurrency,
         )
         kinds = settings.search_kinds
         self._search_kinds = None if kinds is None else frozenset(kinds)
@@ -179,8 +183,8 @@ class PostgresStore:
         """Stop accepting saves, write what is queued, stop the writer, close the pool."""
         self._closing = True
         self._wakeup.set()
-        if self._writers:
-            await asyncio.gather(*self._writers)
+        if self._writers:  # a cancelled writer answered its events (_writer_failed)
+            await asyncio.gather(*self._writers, return_exceptions=True)
         if self.replicas is not None:
             await self.replicas.close()
         try:
@@ -228,23 +232,42 @@ class PostgresStore:
                 batch.append(p)
                 size += len(p.row[8])
             started = metrics.start()
+            results: list[SaveResult] | None = None
             try:
                 results = await self._write(batch)
+                metrics.batch_written(len(batch), started)
+                if self.replicas is not None:  # before any OK: read-your-writes
+                    await self.replicas.note_position()
             except BaseException as exc:  # a bug or cancellation: never leave callers hanging
-                fail = SaveResult(SaveStatus.ERROR, f"error: {_reason(exc)}")
-                for p in (*batch, *self._pending):
-                    if not p.future.done():
-                        p.future.set_result(fail)
+                self._writer_failed(batch, results, exc)
                 if not isinstance(exc, Exception):
                     raise
-                log.exception("store writer failed")
                 continue
-            metrics.batch_written(len(batch), started)
-            if self.replicas is not None:  # before any OK: read-your-writes
-                await self.replicas.note_position()
             for p, result in zip(batch, results, strict=True):
                 if not p.future.done():
                     p.future.set_result(result)
+
+    def _writer_failed(
+        self, batch: list[_Pending], results: list[SaveResult] | None, exc: BaseException
+    ) -> None:
+        """Answer every event a failing writer leaves: a committed batch (the replica
+        position call failed) its results, the primary answering reads for a while
+        (`ReplicaSet.position_unknown`); an unwritten batch an error; and on cancellation
+        (this writer stops) everything still queued an error too."""
+        if isinstance(exc, Exception):
+            log.error("store writer failed", exc_info=exc)
+        if results is not None:
+            if self.replicas is not None:
+                self.replicas.position_unknown(_reason(exc))
+            for p, result in zip(batch, results, strict=True):
+                if not p.future.done():
+                    p.future.set_result(result)
+        if results is None or not isinstance(exc, Exception):
+            stopped = not isinstance(exc, Exception)
+            fail = CLOSED if stopped else SaveResult(SaveStatus.ERROR, f"error: {_reason(exc)}")
+            for p in (*batch, *self._pending):
+                if not p.future.done():
+                    p.future.set_result(fail)
 
     async def analyze(self) -> None:
         """Planner statistics now, after a bulk load (`engram import`).
@@ -479,7 +502,7 @@ class PostgresStore:
         built = q.build_items(f, tenant, viewer, int(time.time()), limit, private)
         if built is None:
             return [], b""
-        rows = await self._fetch(*built)
+        rows = await self._fetch(*built, bulk=True)  # never on the REQ slots
         _count, ids, stamps = rows[0]
         return list(stamps), bytes(ids)
 
@@ -572,13 +595,15 @@ class PostgresStore:
             if n < batch:
                 return total
 
-    async def _fetch(self, sql: str, params: list[Any]) -> list[Any]:
+    async def _fetch(self, sql: str, params: list[Any], bulk: bool = False) -> list[Any]:
         if self.replicas is not None:  # a healthy replica that has replayed our writes
             rows = await self.replicas.fetch(sql, params, self._query_timeout)
             if rows is not None:
                 return rows  # type: ignore[no-any-return]
-        if batchable(sql, params):
+        if bulk or batchable(sql, params):
             try:
+                if bulk:
+                    return await self._reads.fetch_bulk(sql, params)
                 return await self._reads.fetch(sql, params)
             except TimeoutError as exc:  # asyncpg cancels the statement server-side
                 raise StoreError(f"error: query timed out after {self._query_timeout:g} s") from exc

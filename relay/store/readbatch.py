@@ -18,6 +18,10 @@ iteration, so a lone query costs one `call_soon` more than before. The statement
 covers the whole batch, hence a modest default batch size (32: measured at 8 x 8 REQs in
 flight, 64 and 16 were within noise of each other, ~200 vs ~230 us per REQ, and fewer
 queries of a slow shape then share one timeout).
+
+Whole-set reads (a NIP-77 NEG-OPEN's, up to `negentropy_max_items` rows aggregated) take
+none of those slots: they run one statement each, at most `bulk_concurrency` at once, so
+a few anonymous NEG-OPENs over `{}` cannot hold every REQ slot for a statement timeout.
 """
 
 from __future__ import annotations
@@ -59,12 +63,18 @@ class ReadBatcher:
     of one statement text (up to `batch_max` a statement) that wait for a slot."""
 
     def __init__(
-        self, pool: asyncpg.Pool, timeout: float, batch_max: int = 32, concurrency: int = 4
+        self,
+        pool: asyncpg.Pool,
+        timeout: float,
+        batch_max: int = 32,
+        concurrency: int = 4,
+        bulk_concurrency: int = 2,
     ) -> None:
         self._pool = pool
         self._timeout = timeout
         self._batch_max = max(1, batch_max)
         self._concurrency = max(1, concurrency)
+        self._bulk = asyncio.Semaphore(max(1, bulk_concurrency))
         self._groups: dict[Key, list[Item]] = {}
         self._order: deque[Key] = deque()  # groups, oldest first
         self._running = 0
@@ -84,6 +94,12 @@ class ReadBatcher:
         group.append((params, future))
         self._kick(loop)
         return future
+
+    async def fetch_bulk(self, sql: str, params: list[Any]) -> list[Any]:
+        """The rows of a whole-set read, on its own slots (see the module docstring);
+        raises what asyncpg raises, as `fetch`."""
+        async with self._bulk, self._pool.acquire() as conn:  # bounded as in _execute
+            return list(await conn.fetch(sql, *params, timeout=self._timeout))
 
     def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
         if not self._scheduled and self._order and self._running < self._concurrency:

@@ -195,11 +195,16 @@ class ReplicaSet:
         delivered live so far lies before it."""
         try:
             position = int(await self._primary.fetchval(PRIMARY_POSITION, timeout=5))
-        except Exception as exc:  # unknown: every read goes to the primary for a while
-            log.warning("WAL position unavailable (%s); reading the primary", exc)
-            self._primary_only_until = time.monotonic() + self.max_lag
+        except Exception as exc:
+            self.position_unknown(str(exc))
             return
         self.position = max(self.position, position)
+
+    def position_unknown(self, why: str) -> None:
+        """A write was acknowledged without its position: the primary answers every read
+        for a while (a replica is past any position within `max_lag` or leaves)."""
+        log.warning("WAL position unavailable (%s); reading the primary", why)
+        self._primary_only_until = time.monotonic() + self.max_lag
 
     async def fetch(self, sql: str, params: list[Any], timeout: float) -> Any:
         """Rows from a healthy replica that has replayed `position`, or None: the primary
