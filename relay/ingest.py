@@ -156,7 +156,7 @@ class Ingest:
     ) -> tuple[bool, str]:
         """What the store said, as (accepted, OK message); a new head is fanned out."""
         if result.status is SaveStatus.STORED:
-            self.publish_live(tenant.key, event, raw)
+            self.publish_live(tenant, event, raw)
             return True, ""
         if result.status in (SaveStatus.ERROR, SaveStatus.BLOCKED):
             return False, result.message or Reason.ERROR("could not store")
@@ -164,13 +164,15 @@ class Ingest:
 
     async def publish_ephemeral(self, tenant: Tenant, event: Event, raw: bytes) -> None:
         """Ephemeral events are never stored: this node's subscribers, then the bus."""
-        self.publish_live(tenant.key, event, raw)
+        self.publish_live(tenant, event, raw)
         if self.bus is not None:
             await self.bus.publish_ephemeral(tenant.key, raw)
 
-    def publish_live(self, tenant: str, event: Event, raw: bytes) -> None:
-        """To this node's matching subscribers, counted."""
-        metrics.live_sent(tenant, self.fanouts[tenant].publish(event, raw))
+    def publish_live(self, tenant: Tenant, event: Event, raw: bytes) -> None:
+        """To this node's matching subscribers that may see it (the tenant's private
+        kinds go to their parties only), counted."""
+        sent = self.fanouts[tenant.key].publish(event, raw, tenant.private_kinds)
+        metrics.live_sent(tenant.key, sent)
 
     def close(self) -> None:
         """Shutting down: EVENTs still waiting for their signature check are answered."""

@@ -295,7 +295,7 @@ class Relay:
         except ValueError:
             log.warning("undecodable event from the bus ignored")
             return
-        self.ingest.publish_live(tenant, event, raw)
+        self.ingest.publish_live(self.tenants.by_key(tenant), event, raw)
 
     def connect(self, tenant: Tenant, ip: str) -> ConnectionAllowance | None:
         """Admit a new connection from `ip`, or None when the address has too many."""
