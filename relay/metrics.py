@@ -22,6 +22,10 @@ Metric names (all prefixed `engram_`):
   send_queue_bytes_peak                 the most ever queued at once (all connections)
   send_queue_connection_bytes_peak      the most one connection ever had queued
   send_queue_budget_bytes               the budget for all connections together
+  negentropy_bytes                      NIP-77 sets held (or reserved while read) now
+  negentropy_bytes_peak                 the most ever held at once
+  negentropy_budget_bytes               the budget for all negentropy sessions together
+  negentropy_refused_total              NEG-OPENs refused because the budget was reached
   live_tail_delay_seconds               how far the cross-node live tail lags (0: current)
   write_batch_size                      events per group-commit transaction
   write_commit_seconds                  time to write (and commit) one batch
@@ -123,6 +127,11 @@ PENDING_OVERFLOWS = Counter(
     "engram_pending_overflows_total",
     "Subscriptions closed because live events overflowed the buffer kept while their"
     " stored read ran.",
+    registry=REGISTRY,
+)
+NEGENTROPY_REFUSED = Counter(
+    "engram_negentropy_refused_total",
+    "NEG-OPENs refused because the negentropy sets held reached negentropy_budget_bytes.",
     registry=REGISTRY,
 )
 DROPPED_FRAMES = Counter(
@@ -249,6 +258,10 @@ def pending_overflow() -> None:
     PENDING_OVERFLOWS.inc()
 
 
+def negentropy_refused() -> None:
+    NEGENTROPY_REFUSED.inc()
+
+
 def live_sent(tenant: str, frames: int) -> None:
     """Live frames one published event produced for this node's subscribers."""
     if frames:
@@ -273,6 +286,7 @@ class _StateCollector:
         self.relays: weakref.WeakSet[Any] = weakref.WeakSet()
         self.pools: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self.outputs: weakref.WeakSet[Any] = weakref.WeakSet()  # relay.sendqueue budgets
+        self.negentropy: weakref.WeakSet[Any] = weakref.WeakSet()  # relay.negentropy services
         self.tails: weakref.WeakSet[Any] = weakref.WeakSet()  # live buses (delay())
         self.version = "0.0.0"
 
@@ -309,7 +323,8 @@ class _StateCollector:
         yield from self.collect_output()
 
     def collect_output(self) -> Iterator[Any]:
-        """Queued output and the live tail's delay (relay.sendqueue, relay.store.pgbus)."""
+        """Queued output, NIP-77 sets and the live tail's delay (relay.sendqueue,
+        relay.negentropy, relay.store.pgbus)."""
         outputs = list(self.outputs)
         for name, doc, value in (
             ("engram_send_queue_bytes", "Output queued for readers now.", "total"),
@@ -323,6 +338,17 @@ class _StateCollector:
         ):
             family = GaugeMetricFamily(name, doc)
             values = [getattr(o, value) for o in outputs]
+            agg = max if "peak" in value else sum
+            family.add_metric([], agg(values) if values else 0)
+            yield family
+        services = list(self.negentropy)
+        for name, doc, value in (
+            ("engram_negentropy_bytes", "NIP-77 sets held (or reserved) now.", "held"),
+            ("engram_negentropy_bytes_peak", "The most NIP-77 set bytes ever held.", "peak"),
+            ("engram_negentropy_budget_bytes", "Budget for all NIP-77 sets.", "budget"),
+        ):
+            family = GaugeMetricFamily(name, doc)
+            values = [getattr(n, value) for n in services]
             agg = max if "peak" in value else sum
             family.add_metric([], agg(values) if values else 0)
             yield family
@@ -347,6 +373,11 @@ def bind(relay: Any, version: str) -> None:
 def watch_output(budget: Any) -> None:
     """Report a relay.sendqueue budget's queued bytes and peaks at scrape time."""
     _STATE.outputs.add(budget)
+
+
+def watch_negentropy(service: Any) -> None:
+    """Report a relay.negentropy service's held bytes, peak and budget at scrape time."""
+    _STATE.negentropy.add(service)
 
 
 def watch_tail(bus: Any) -> None:

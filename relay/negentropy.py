@@ -5,6 +5,11 @@ a key that may not read an agent's engrams learns nothing about them, not even i
 then its (created_at, id) set is read once from the store and kept, compactly, for the
 session's later messages (~40 bytes per item, capped by `negentropy_max_items`). The
 protocol itself is `engram.negentropy`; this module holds sessions and limits only.
+
+Memory is bounded relay-wide too (`negentropy_budget_bytes`, in `/metrics`): a NEG-OPEN
+reserves what its read may bring back (`negentropy_max_items` items) until the set is
+read, then holds what the set costs until the session ends; one that would take the
+relay past the budget is answered `NEG-ERR "blocked: …"`.
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from engram.negentropy import MIN_FRAME_SIZE, Items, Negentropy, NegentropyError
-from relay import policy, wire
+from engram.negentropy import ID_SIZE, MIN_FRAME_SIZE, Items, Negentropy, NegentropyError
+from relay import metrics, policy, wire
 from relay.config import Settings
 from relay.filters import FilterError, parse_filter
 from relay.session import Session
@@ -24,16 +29,18 @@ from relay.wire import Reason
 log = logging.getLogger("engram.negentropy")
 
 _FRAME_OVERHEAD = 32  # `["NEG-MSG","",""]` plus slack, on top of the subscription id
+ITEM_BYTES = ID_SIZE + 8  # a held item: its id and its timestamp (engram.negentropy.Items)
 
 
 class _Open:
     """One negentropy session of a connection (state None while its set is read)."""
 
-    __slots__ = ("neg", "timer")
+    __slots__ = ("cost", "neg", "timer")
 
     def __init__(self) -> None:
         self.neg: Negentropy | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.cost = 0  # bytes charged to the relay-wide budget
 
     def stop(self) -> None:
         if self.timer is not None:
@@ -53,6 +60,10 @@ class NegentropyService:
     def __init__(self, settings: Settings, store: EventStore) -> None:
         self.settings = settings
         self.store = store
+        self.budget = settings.negentropy_budget_bytes
+        self.held = 0  # bytes reserved or held by the sessions of every connection
+        self.peak = 0  # the most ever held at once
+        metrics.watch_negentropy(self)
 
     def frame_size_limit(self, tenant: Tenant, sub_id: str) -> int:
         """Bytes of negentropy message that fit one frame of `max_message_length` as hex."""
@@ -85,9 +96,16 @@ class NegentropyService:
             )
             session.send(wire.neg_err(sub_id, why))
             return
+        max_items = self.settings.negentropy_max_items
+        reserve = (max_items + 1) * ITEM_BYTES  # the most the read below may bring back
+        if self.held + reserve > self.budget:
+            metrics.negentropy_refused()
+            why = Reason.BLOCKED("the relay holds too many negentropy sets now; try again later")
+            session.send(wire.neg_err(sub_id, why))
+            return
         state = _Open()
         opened[sub_id] = state
-        max_items = self.settings.negentropy_max_items
+        self._charge(state, reserve)
         try:
             stamps, ids = await self.store.negentropy_items(
                 f, tenant.key, session.authed, max_items + 1, private=tenant.private_kinds
@@ -105,6 +123,7 @@ class NegentropyService:
             return
         items = Items.from_sorted(stamps, ids)
         del stamps, ids
+        self._charge(state, len(items) * ITEM_BYTES)
         state.neg = Negentropy(items, self.frame_size_limit(tenant, sub_id))
         self._answer(session, sub_id, state, msg.message)
 
@@ -121,12 +140,25 @@ class NegentropyService:
         """NEG-CLOSE (no answer), or the replacement of a reused id."""
         opened = session.negentropy
         if opened and sub_id in opened:
-            opened.pop(sub_id).stop()
+            self._end(opened.pop(sub_id))
 
     def drop_connection(self, session: Session) -> None:
-        for state in (session.negentropy or {}).values():
-            state.stop()
+        opened = session.negentropy or {}
+        for state in opened.values():
+            self._end(state)
+        opened.clear()
         session.negentropy = None
+
+    def _charge(self, state: _Open, cost: int) -> None:
+        """`state` now costs `cost` bytes of the budget (a reservation, or its set)."""
+        self.held += cost - state.cost
+        state.cost = cost
+        self.peak = max(self.peak, self.held)
+
+    def _end(self, state: _Open) -> None:
+        """A session ends: its timer stops and its bytes return to the budget."""
+        state.stop()
+        self._charge(state, 0)
 
     def _answer(self, session: Session, sub_id: str, state: _Open, message: bytes) -> None:
         assert state.neg is not None
@@ -150,11 +182,10 @@ class NegentropyService:
             why = Reason.CLOSED(f"idle for more than {idle:g} seconds")
             session.send(wire.neg_err(sub_id, why))
 
-    @staticmethod
-    def _drop(session: Session, sub_id: str, state: _Open) -> bool:
+    def _drop(self, session: Session, sub_id: str, state: _Open) -> bool:
         opened = session.negentropy
         if opened is not None and opened.get(sub_id) is state:
             del opened[sub_id]
-            state.stop()
+            self._end(state)
             return True
         return False

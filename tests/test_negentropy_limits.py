@@ -4,12 +4,15 @@ processes on real PostgreSQL databases."""
 
 from __future__ import annotations
 
+import urllib.request
+
 import asyncpg
 from negentropy_support import BASE, event, neg_reply
 from nostr_client import Client
 from relay_fixtures import until
 
 from engram.negentropy import Items, Negentropy
+from relay.negentropy import ITEM_BYTES
 
 EMPTY = Negentropy(Items.from_pairs([])).initiate().hex()
 WHOLE_SET = ({}, {"kinds": [1]}, {"since": BASE}, {"until": BASE + 1000})
@@ -70,8 +73,8 @@ async def test_reqs_are_answered_while_four_neg_opens_wait(start_relay) -> None:
                 got.append(msg[2]["id"])
             assert msg == ["EOSE", "r"]
             assert got == [e.id for e in sorted(stored, key=lambda e: -e.created_at)[:10]]
-            for k in range(4):
-                assert (await neg_reply(neg, f"n{k}"))[0] == "NEG-MSG"
+            replies = [await neg.recv() for _ in WHOLE_SET]  # in the order the reads end
+            assert sorted(r[:2] for r in replies) == [["NEG-MSG", f"n{k}"] for k in range(4)]
     finally:
         await lock.close()
         await watch.close()
@@ -79,3 +82,52 @@ async def test_reqs_are_answered_while_four_neg_opens_wait(start_relay) -> None:
 
 async def _at_least(conn: asyncpg.Connection, negentropy: bool, n: int) -> bool:
     return await lock_waiters(conn, negentropy) >= n
+
+
+def scrape(rp) -> dict[str, float]:
+    """The relay's /metrics samples without labels, by name."""
+    with urllib.request.urlopen(rp.http_url + "/metrics", timeout=30) as r:
+        lines = r.read().decode().splitlines()
+    return {
+        name: float(value)
+        for name, _, value in (line.partition(" ") for line in lines)
+        if name and not name.startswith("#") and "{" not in name
+    }
+
+
+async def test_negentropy_sets_have_a_relay_wide_budget(start_relay) -> None:
+    # a NEG-OPEN reserves (max_items + 1) items while its set is read: 6 x 40 = 240 bytes
+    budget = 6 * ITEM_BYTES + 2 * ITEM_BYTES
+    rp = start_relay(
+        env={
+            "ENGRAM_NEGENTROPY_MAX_ITEMS": "5",
+            "ENGRAM_NEGENTROPY_BUDGET_BYTES": str(budget),
+        }
+    )
+    three = [event(i, BASE + i) for i in range(3)]
+    async with await Client.connect(rp.url) as c:
+        assert all(ok[2] for ok in (await c.publish_many(three)).values())
+    async with await Client.connect(rp.url) as a, await Client.connect(rp.url) as b:
+        await a.send(["NEG-OPEN", "a", {}, EMPTY])
+        assert (await neg_reply(a, "a"))[0] == "NEG-MSG"
+        m = scrape(rp)
+        assert m["engram_negentropy_bytes"] == 3 * ITEM_BYTES  # the set, no longer 240
+        assert m["engram_negentropy_budget_bytes"] == budget
+        # another connection's NEG-OPEN would take the relay past the budget
+        await b.send(["NEG-OPEN", "b", {}, EMPTY])
+        err = await neg_reply(b, "b")
+        assert err[0] == "NEG-ERR" and err[2].startswith("blocked: ")
+        assert scrape(rp)["engram_negentropy_refused_total"] == 1
+        # the first session ends (a's later answer marks that its NEG-CLOSE was handled)
+        await a.send(["NEG-CLOSE", "a"])
+        await a.send(["NEG-MSG", "a", "61"])
+        assert (await neg_reply(a, "a"))[2].startswith("closed:")
+        assert scrape(rp)["engram_negentropy_bytes"] == 0
+        await b.send(["NEG-OPEN", "b", {}, EMPTY])
+        assert (await neg_reply(b, "b"))[0] == "NEG-MSG"
+        assert scrape(rp)["engram_negentropy_bytes"] == 3 * ITEM_BYTES
+    # a connection that leaves returns its sets to the budget
+    await until(
+        lambda: scrape(rp)["engram_negentropy_bytes"] == 0, "the closed connection's set is freed"
+    )
+    assert scrape(rp)["engram_negentropy_bytes_peak"] == 6 * ITEM_BYTES
