@@ -106,14 +106,16 @@ def tuning(memory: int) -> str:
     """The embedded server's settings beside PostgreSQL's defaults (which fit a 1 GB
     machine): an eighth of RAM as shared buffers (128 MB to 1 GB), and checkpoints
     spread out. With 128 MB, a store of a few GB evicts the author indexes' leaf pages
-    between inserts; a checkpoint every GB of WAL makes the next write of each page log
-    the whole page again. Measured in bench/RESULTS.md ("Search words stored, embedded
-    settings")."""
+    between inserts. max_wal_size bounds the WAL kept on disk: 4 GB of it was two thirds
+    of the data directory after a million events (bench scale); 1 GB keeps the store
+    small for a few more full-page writes after each checkpoint. Measured in
+    bench/RESULTS.md ("Search words stored, embedded settings"; "Reads that cost what
+    they return")."""
     mb = max(128, min(1024, memory // 8 // 2**20))
     return (
         "# Written by engram-relay (relay.store.embedded.tuning); edit and restart to change.\n"
         f"shared_buffers = {mb}MB\n"
-        "max_wal_size = 4GB\n"
+        "max_wal_size = 1GB\n"
         "checkpoint_timeout = 15min\n"
     )
 

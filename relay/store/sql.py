@@ -351,7 +351,7 @@ class _Params:
         self.values: list[Any] = [tenant]
         self.now = now
         self.private = private
-        self._viewer = bytes.fromhex(viewer) if viewer is not None and is_hex(viewer, 64) else None
+        self.viewer = bytes.fromhex(viewer) if viewer is not None and is_hex(viewer, 64) else None
         self._viewer_pos = 0  # 1-based position once added
 
     def add(self, value: Any) -> str:
@@ -359,10 +359,10 @@ class _Params:
         return f"${len(self.values)}"
 
     def viewer_ref(self) -> str | None:
-        if self._viewer is None:
+        if self.viewer is None:
             return None
         if not self._viewer_pos:
-            self.add(self._viewer)
+            self.add(self.viewer)
             self._viewer_pos = len(self.values)
         return f"${self._viewer_pos}::bytea"
 
@@ -556,7 +556,7 @@ def _tag_driven(f: Filter, name: str, p: _Params, scan_max: int) -> str | None:
     )
 
 
-def _search_walk_first(f: Filter, p: _Params, walk: int, scan_max: int) -> str | None:
+def _search_walk_first(f: Filter, p: _Params, walk: int) -> str | None:
     """The SELECT of a limited search with no ids, authors or tags, or None.
 
     Which plan is cheap depends on how common the words are, and the statistics can make
@@ -564,8 +564,9 @@ def _search_walk_first(f: Filter, p: _Params, walk: int, scan_max: int) -> str |
     decides: first the newest `walk` rows (of the filter's kinds and time span) are
     tested against their stored words; a word that fills `limit` there is common, and
     that is the answer. Only if it does not, the word's posting list in the GIN index is
-    read (search_newest: an index probe, cut at the newest `scan_max` matches) and those
-    rows are tested: a rare or absent word costs its matches, never a walk of the table."""
+    read (search_matches, migration 0016: the newest `limit` matches the reader may see)
+    and those rows are served: a rare or absent word costs its matches, never a walk of
+    the table."""
     search = f.search
     conds = p.conditions(msgspec.structs.replace(f, search=None), bounded=True)
     if conds is None or search is None:
@@ -576,8 +577,9 @@ def _search_walk_first(f: Filter, p: _Params, walk: int, scan_max: int) -> str |
     limit = p.add(f.limit)
     kinds = [k for k in dict.fromkeys(f.kinds or ()) if 0 <= k <= _INT4_MAX] or None
     found = (
-        f"SELECT search_newest($1, {q_ref}::text, {p.add(kinds)}::int4[],"
-        f" {p.add(f.since)}::int8, {p.add(f.until)}::int8, {p.add(scan_max)}::int4)"
+        f"SELECT search_matches($1, {q_ref}::text, {p.add(kinds)}::int4[],"
+        f" {p.add(f.since)}::int8, {p.add(f.until)}::int8, {p.add(sorted(p.private))}::int4[],"
+        f" {p.add(p.viewer)}::bytea, {p.add(p.now)}::int8, {limit}::int4)"
     )
     return (
         f"WITH w AS MATERIALIZED (SELECT {SELECT_COLUMNS} FROM (SELECT {SELECT_COLUMNS},"
@@ -631,7 +633,7 @@ def build_query(
                 parts.append(select)
             continue
         if f.search is not None and f.limit is not None and f.ids is None and not f.authors:
-            select = _search_walk_first(f, p, search_walk, scan_max)
+            select = _search_walk_first(f, p, search_walk)
             if select is not None:
                 parts.append(select)
             continue
