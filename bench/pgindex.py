@@ -55,6 +55,11 @@ VARIANTS: dict[str, list[str]] = {
         *_NO_TAG_TABLE,
         "CREATE INDEX events_tagvals ON events USING gin (tagvals)",
     ],
+    "without the replace trigger": ["DROP TRIGGER event_tags_update ON events"],
+    "without the NIP-62 checks": [
+        "DROP TABLE vanished CASCADE",
+        "CREATE TABLE vanished (tenant text, pubkey bytea, until int8, ptag text)",
+    ],
     "without events_xid": ["DROP INDEX events_xid"],
     "without events_time": ["DROP INDEX events_time"],
     "without events_kind_time": ["DROP INDEX events_kind_time"],
