@@ -277,7 +277,8 @@ async def connect_relay(
         ws = await connect(url, max_size=MAX_FRAME, open_timeout=open_timeout, close_timeout=2)
     except TimeoutError as exc:
         raise RelayError(
-            f"cannot connect to {url}: no handshake within {open_timeout:.3g} s"
+            f"cannot connect to {url}: timed out: no websocket handshake within"
+            f" {open_timeout:.3g} s"
         ) from exc
     except (OSError, websockets.InvalidHandshake, websockets.InvalidURI, ssl.SSLError) as exc:
         raise RelayError(f"cannot connect to {url}: {_describe(exc)}") from exc
