@@ -564,7 +564,7 @@ def _search_walk_first(f: Filter, p: _Params, walk: int) -> str | None:
     decides: first the newest `walk` rows (of the filter's kinds and time span) are
     tested against their stored words; a word that fills `limit` there is common, and
     that is the answer. Only if it does not, the word's posting list in the GIN index is
-    read (search_matches, migration 0016: the newest `limit` matches the reader may see)
+    read (search_matches, migration 0014: the newest `limit` matches the reader may see)
     and those rows are served: a rare or absent word costs its matches, never a walk of
     the table."""
     search = f.search
