@@ -124,9 +124,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     reads_per_connection: int = 4
     reads_per_ip: int = 32
     # Rows one REQ may read per tag value or per searched word's matches (scan budget),
-    # and the newest rows a search tests before it reads the word's index entries.
+    # the newest rows a search tests before it reads the word's index entries, and the
+    # newest rows whose index entries it reads before all of them (migration 0027).
     scan_max: int = 50_000
     search_walk: int = 1_000
+    search_window: int = 20_000
     gc_threshold0: int = 20_000  # young-generation GC threshold, start-up frozen (0: off)
     expired_purge_seconds: float = 60.0  # NIP-40: how often expired events are purged
     bus_poll_seconds: float = 1.0  # cross-node tail read without a wake-up (fallback)

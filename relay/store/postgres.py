@@ -130,7 +130,7 @@ class PostgresStore:
         metrics.watch_pool(self, pool)
         self._batch_max = max(1, settings.write_batch_max)
         self._query_timeout = settings.query_timeout_seconds
-        self._scan = (settings.scan_max, settings.search_walk)
+        self._scan = (settings.scan_max, settings.search_walk, settings.search_window)
         self.node_id = uuid.uuid4().hex  # `origin` of the rows this process stores
         self.bus_held_back = False  # set by bus_read (relay.store.pgbus reports it)
         self._pending: collections.deque[_Pending] = collections.deque()

@@ -556,7 +556,7 @@ def _tag_driven(f: Filter, name: str, p: _Params, scan_max: int) -> str | None:
     )
 
 
-def _search_walk_first(f: Filter, p: _Params, walk: int) -> str | None:
+def _search_walk_first(f: Filter, p: _Params, walk: int, window: int) -> str | None:
     """The SELECT of a limited search with no ids, authors or tags, or None.
 
     Which plan is cheap depends on how common the words are, and the statistics can make
@@ -564,9 +564,10 @@ def _search_walk_first(f: Filter, p: _Params, walk: int) -> str | None:
     decides: first the newest `walk` rows (of the filter's kinds and time span) are
     tested against their stored words; a word that fills `limit` there is common, and
     that is the answer. Only if it does not, the word's posting list in the GIN index is
-    read (search_matches, migration 0014: the newest `limit` matches the reader may see)
-    and those rows are served: a rare or absent word costs its matches, never a walk of
-    the table."""
+    read (search_newest, migration 0027: within the newest `window` rows first, then, if
+    they hold fewer than `limit` matches, all of it; search_matches, 0014, keeps the
+    newest `limit` the reader may see) and those rows are served: a rare or absent word
+    costs its matches, a mid-frequency one the window, never a walk of the table."""
     search = f.search
     conds = p.conditions(msgspec.structs.replace(f, search=None), bounded=True)
     if conds is None or search is None:
@@ -577,9 +578,10 @@ def _search_walk_first(f: Filter, p: _Params, walk: int) -> str | None:
     limit = p.add(f.limit)
     kinds = [k for k in dict.fromkeys(f.kinds or ()) if 0 <= k <= _INT4_MAX] or None
     found = (
-        f"SELECT search_matches($1, {q_ref}::text, {p.add(kinds)}::int4[],"
+        f"SELECT search_newest($1, {q_ref}::text, {p.add(kinds)}::int4[],"
         f" {p.add(f.since)}::int8, {p.add(f.until)}::int8, {p.add(sorted(p.private))}::int4[],"
-        f" {p.add(p.viewer)}::bytea, {p.add(p.now)}::int8, {limit}::int4)"
+        f" {p.add(p.viewer)}::bytea, {p.add(p.now)}::int8, {limit}::int4,"
+        f" {p.add(window)}::int4)"
     )
     return (
         f"WITH w AS MATERIALIZED (SELECT {SELECT_COLUMNS} FROM (SELECT {SELECT_COLUMNS},"
@@ -604,6 +606,7 @@ def _per_author(f: Filter) -> list[bytes] | None:
 # its other conditions are; and the newest rows a search tests before it asks the index.
 SCAN_MAX = 50_000
 SEARCH_WALK = 1_000
+SEARCH_WINDOW = 20_000
 
 
 def build_query(
@@ -614,6 +617,7 @@ def build_query(
     private: frozenset[int] = DEFAULT_PRIVATE,
     scan_max: int = SCAN_MAX,
     search_walk: int = SEARCH_WALK,
+    search_window: int = SEARCH_WINDOW,
 ) -> tuple[str, list[Any]] | None:
     """SELECT raw, created_at, id for the filters, or None if none can match.
 
@@ -633,7 +637,7 @@ def build_query(
                 parts.append(select)
             continue
         if f.search is not None and f.limit is not None and f.ids is None and not f.authors:
-            select = _search_walk_first(f, p, search_walk)
+            select = _search_walk_first(f, p, search_walk, search_window)
             if select is not None:
                 parts.append(select)
             continue
