@@ -29,7 +29,8 @@ Every flooded REQ's outcome is recorded: EOSE, CLOSED with its reason (grouped b
 text with numbers blanked), the connection closed under it, or no answer within
 `--deadline` seconds (a hang: the REQ is then CLOSEd by the client and reported loudly).
 After the flood phase no new REQ is sent and the ones in flight are waited for (up to
-the deadline).
+the deadline). `--only NAME,...` floods with some shapes only (a shape's own cost: a
+flooded REQ's latency is mostly its wait behind the flood's other REQs).
 
 Reported: the victim's p50/p99/max and outcomes in each phase, relay / PostgreSQL /
 bench cores busy in each phase (CPU seconds of the process trees, the postmaster's
@@ -150,12 +151,12 @@ def flood_shapes(picks: Picks) -> list[FloodShape]:
     if common_word is not None:
         out += [
             FloodShape(
-                f"search common, kind {ABSENT_KIND}",
+                f"search common in kind {ABSENT_KIND}",
                 f"search a top-5 word in kind {ABSENT_KIND} (none), limit {LIMIT}",
                 lambda rng: [{"search": common_word(rng), "kinds": [ABSENT_KIND], "limit": LIMIT}],
             ),
             FloodShape(
-                "search common, first hour",
+                "search common in first hour",
                 f"search a top-5 word until the corpus's first hour, limit {LIMIT}",
                 lambda rng: [{"search": common_word(rng), "until": span, "limit": LIMIT}],
             ),
@@ -172,7 +173,7 @@ def flood_shapes(picks: Picks) -> list[FloodShape]:
         if common is not None:
             out.append(
                 FloodShape(
-                    f"{tag} common, kind {ABSENT_KIND}",
+                    f"{tag} common in kind {ABSENT_KIND}",
                     f"`{tag}` a top-5 value, kinds [{ABSENT_KIND}] (none), limit {LIMIT}",
                     lambda rng, tag=tag, common=common: [
                         {tag: [common(rng)], "kinds": [ABSENT_KIND], "limit": LIMIT}
@@ -182,7 +183,7 @@ def flood_shapes(picks: Picks) -> list[FloodShape]:
     if known_t:
         out.append(
             FloodShape(
-                f"#t {len(known_t)} known, kind {ABSENT_KIND}",
+                f"#t known in kind {ABSENT_KIND}",
                 f"`#t` the {len(known_t)} common, mid and rare values, kinds"
                 f" [{ABSENT_KIND}] (none), limit {LIMIT}",
                 lambda rng: [{"#t": list(known_t), "kinds": [ABSENT_KIND], "limit": LIMIT}],
@@ -467,13 +468,14 @@ class Options:
     in_flight: int
     deadline: float
     seed: int
+    only: tuple[str, ...] = ()  # flood shapes to send (names); empty: all
 
 
 async def flood_phases(
     run: FloodRun, url: str, watch: Watch, picks: Picks, o: Options, say: Callable[[str], None]
 ) -> None:
     """Baseline, then the flood with the victim beside it, then the drain."""
-    run.shapes = flood_shapes(picks)
+    run.shapes = [s for s in flood_shapes(picks) if not o.only or s.name in o.only]
     run.stats.shapes = {s.name: ShapeStats() for s in run.shapes}
     victim = Victim(url, picks.values["authors"], o.deadline, o.seed)
     flooders = [
@@ -508,6 +510,14 @@ async def flood_phases(
         for f in flooders:  # whatever is still pending is past the deadline by now
             f.expire(float("inf"))
         run.closed_after = reads_closed(url)
+        total = run.stats.total()
+        hangs = total.outcomes.get(HANG, 0)
+        say(
+            f"    flooded: {total.sent:,} REQs, "
+            + ", ".join(f"{k} x{n}" for k, n in total.outcomes.most_common())
+        )
+        if hangs:
+            say(f"    !!! {hangs:,} flooded REQs HUNG: no answer within {o.deadline:g} s")
     finally:
         victim.close()
         for f in flooders:
@@ -640,6 +650,9 @@ def report(run: FloodRun, argv: list[str], o: Options, loadavg: tuple[Any, Any])
         f" {rate:,.1f}/s; the rest in {run.drain_seconds:.1f} s after it),"
         f" {run.stats.returned:,} events returned",
         "",
+        "Latency of a flooded REQ includes its wait for the relay's read slots (a queue"
+        " of the flood's own REQs); `--only SHAPE` floods with one shape to see its cost.",
+        "",
         "| flood shape | filter | sent | EOSE | CLOSED | hang | conn. lost | p50 ms | max ms |",
         "|---|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
@@ -716,6 +729,12 @@ def main(argv: list[str] | None = None) -> int:
         "--deadline", type=float, default=30.0, help="seconds without an answer = a hang"
     )
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--only",
+        default="",
+        help="flood with these shapes only (names as in the report, comma-separated),"
+        " e.g. to see one shape's cost alone",
+    )
     ap.add_argument("--results", type=Path, help="write the report into this markdown file")
     args = ap.parse_args(argv)
     if args.size < 1:
@@ -733,6 +752,7 @@ def main(argv: list[str] | None = None) -> int:
         args.in_flight,
         args.deadline,
         args.seed,
+        tuple(x.strip() for x in args.only.split(",") if x.strip()),
     )
     say = lambda s: print(s, flush=True)  # noqa: E731
     before = os.getloadavg()
@@ -740,6 +760,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     prepared = prepared_corpus(args.corpus, args.seed, args.size, say)
     say(f"{args.corpus}: {args.size:,} signed events ready ({prepared.directory})")
+    names = [s.name for s in flood_shapes(prepared.picks(args.size))]
+    unknown = [x for x in o.only if x not in names]
+    if unknown:
+        ap.error(
+            f"--only: no flood shape {', '.join(map(repr, unknown))} (shapes: {', '.join(names)})"
+        )
     run = FloodRun(args.corpus, args.size)
     with fresh_store(args.corpus, "flood", "ws", False, say) as s:
         run.server = s.server
