@@ -268,6 +268,7 @@ class Flooder:
         self.expired: set[str] = set()
         self.conn: wsclient.WsConnection | None = None
         self.running = False
+        self.reopening: asyncio.Task[None] | None = None  # held: the loop keeps weak refs
 
     async def open(self) -> None:
         self.conn = await wsclient.connect(
@@ -306,7 +307,11 @@ class Flooder:
         self.pump()
 
     def on_message(self, payload: bytes) -> None:
-        items = _frame.decode(payload)
+        try:
+            items = _frame.decode(payload)
+        except msgspec.DecodeError:
+            self.stats.notices["undecodable frame from relay"] += 1
+            return
         verb = bytes(items[0]) if items else b""
         if verb == b'"EVENT"':
             self.stats.returned += 1
@@ -327,7 +332,7 @@ class Flooder:
         self.pending.clear()
         if self.running:
             self.stats.reconnects += 1
-            asyncio.get_running_loop().create_task(self._reopen())
+            self.reopening = asyncio.get_running_loop().create_task(self._reopen())
 
     async def _reopen(self) -> None:
         try:
