@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "negentropy": "NIP-77: reconcile two relays' stores of 100,000 events differing by 1%",
     "replicas": "bench load on one PostgreSQL primary, then with a streaming read replica",
     "pgindex": "PostgreSQL CPU per stored event with each index of `events` removed in turn",
+    "flood": "one client's authors REQ latency while 8 connections flood costly REQs",
 }
 
 USAGE = (

@@ -290,17 +290,11 @@ class Generator:
         rng = random.Random(f"picks/{self.corpus}/{self.seed}/{size}")
         values: dict[str, list[Any]] = {}
         matches: dict[str, list[int]] = {}
-        absent: dict[str, Callable[[int], str]] = {
-            "search": lambda i: f"w{WORDS + 1 + i}",
-            "#t": lambda i: f"topic{HASHTAGS + 1 + i}",
-            "#e": lambda i: hashlib.sha256(f"absent-e/{i}".encode()).hexdigest(),
-            "#p": lambda i: hashlib.sha256(f"absent-p/{i}".encode()).hexdigest(),
-        }
         for shape in TAG_SHAPES:
             for cls, chosen in classify(self.counts[shape], size, rng).items():
                 values[f"{shape} {cls}"] = [v for v, _ in chosen]
                 matches[f"{shape} {cls}"] = [n for _, n in chosen]
-            values[f"{shape} absent"] = [absent[shape](i) for i in range(20)]
+            values[f"{shape} absent"] = [absent(shape, i) for i in range(20)]
             matches[f"{shape} absent"] = [0] * 20
         authors = list(self.by_author)
         weights = [self.by_author[a] for a in authors]
@@ -310,8 +304,17 @@ class Generator:
         values["feed 20"] = [
             list(dict.fromkeys(rng.choices(authors, weights, k=60)))[:20] for _ in range(50)
         ]
-        values["COUNT"] = list(self.reacted) or [absent["#e"](0)]
+        values["COUNT"] = list(self.reacted) or [absent("#e", 0)]
         return Picks(size, values, matches)
+
+
+def absent(shape: str, i: int) -> str:
+    """The i-th value of `shape` (search or #e/#p/#t) that no event of any corpus carries."""
+    if shape == "search":
+        return f"w{WORDS + 1 + i}"
+    if shape == "#t":
+        return f"topic{HASHTAGS + 1 + i}"
+    return hashlib.sha256(f"absent-{shape[1:]}/{i}".encode()).hexdigest()
 
 
 def classify(
@@ -344,10 +347,13 @@ class Prepared:
     directory: Path
     meta: Meta
 
-    def chunks(self) -> Iterator[tuple[int, int, EventSet]]:
-        """(start, end, events) of every chunk, read one at a time."""
+    def chunks(self, upto: int | None = None) -> Iterator[tuple[int, int, EventSet]]:
+        """(start, end, events) of every chunk (up to the store size `upto`), read one at
+        a time."""
         start = 0
         for end in self.meta.bounds:
+            if upto is not None and end > upto:
+                return
             c = msgspec.msgpack.decode(
                 (self.directory / _chunk_name(end)).read_bytes(), type=_Chunk
             )
@@ -367,21 +373,39 @@ def corpus_dir(corpus: str, seed: int, sizes: list[int], chunk: int) -> Path:
     return cache_dir() / f"scale-{corpus}-s{seed}-n{key}-c{chunk}-v{_VERSION}"
 
 
+def _read_meta(directory: Path) -> Meta | None:
+    try:
+        meta = msgspec.msgpack.decode((directory / "meta.msgpack").read_bytes(), type=Meta)
+    except (msgspec.DecodeError, msgspec.ValidationError, OSError):
+        return None
+    return meta if meta.version == _VERSION else None
+
+
+def cached(corpus: str, seed: int, size: int, chunk: int = CHUNK) -> Prepared | None:
+    """A corpus already in the cache, whatever sizes it was made for, that has picks at
+    `size` and every chunk file up to it (the one with the fewest events when several
+    have): `bench flood` loads part of what `bench scale` signed."""
+    found: list[tuple[int, Prepared]] = []
+    for directory in cache_dir().glob(f"scale-{corpus}-s{seed}-n*-c{chunk}-v{_VERSION}"):
+        meta = _read_meta(directory)
+        if meta is None or meta.corpus != corpus or meta.seed != seed:
+            continue
+        if size not in {p.size for p in meta.picks}:
+            continue
+        if all((directory / _chunk_name(e)).exists() for e in meta.bounds if e <= size):
+            found.append((max(meta.bounds), Prepared(corpus, directory, meta)))
+    return min(found, key=lambda x: (x[0], str(x[1].directory)))[1] if found else None
+
+
 def prepare(
     corpus: str, seed: int, sizes: list[int], chunk: int = CHUNK, say: Callable[[str], None] = print
 ) -> Prepared:
     """The corpus from the cache, generating and signing it first when missing."""
     directory = corpus_dir(corpus, seed, sizes, chunk)
     meta_path = directory / "meta.msgpack"
-    if meta_path.exists():
-        try:
-            meta = msgspec.msgpack.decode(meta_path.read_bytes(), type=Meta)
-            if meta.version == _VERSION and all(
-                (directory / _chunk_name(e)).exists() for e in meta.bounds
-            ):
-                return Prepared(corpus, directory, meta)
-        except (msgspec.DecodeError, msgspec.ValidationError, OSError):
-            pass
+    meta = _read_meta(directory) if meta_path.exists() else None
+    if meta is not None and all((directory / _chunk_name(e)).exists() for e in meta.bounds):
+        return Prepared(corpus, directory, meta)
     directory.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     gen = Generator(corpus, seed)

@@ -46,7 +46,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,17 +104,20 @@ def request(shape: str, value: Any) -> tuple[str, dict[str, Any]]:
 # --- targets: the relay through its websocket, or the store API ------------------------
 
 
-class _Asker:
-    """One websocket connection sending one REQ/COUNT at a time."""
+class Asker:
+    """One websocket connection sending one REQ/COUNT at a time (from `source`, a local
+    address, when given: another client as the relay sees it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: float = ANSWER_TIMEOUT, source: str | None = None) -> None:
         self.conn: wsclient.WsConnection | None = None
         self.sub = ""
         self.answer: asyncio.Future[str] | None = None
         self.returned = 0
+        self.timeout = timeout
+        self.source = source
 
     async def open(self, url: str) -> None:
-        self.conn = await wsclient.connect(url, self.on_message, self.on_close)
+        self.conn = await wsclient.connect(url, self.on_message, self.on_close, source=self.source)
 
     def on_message(self, payload: bytes) -> None:
         items = _frame.decode(payload)
@@ -137,9 +141,9 @@ class _Asker:
         t0 = time.perf_counter()
         self.conn.send(frame)
         try:
-            outcome = await asyncio.wait_for(asyncio.shield(self.answer), ANSWER_TIMEOUT)
+            outcome = await asyncio.wait_for(asyncio.shield(self.answer), self.timeout)
         except TimeoutError:
-            outcome = f"no answer within {ANSWER_TIMEOUT:.0f} s"
+            outcome = f"no answer within {self.timeout:.0f} s"
         elapsed = time.perf_counter() - t0
         if close is not None:
             self.conn.send(close)
@@ -152,7 +156,7 @@ class RelayTarget:
     def __init__(self, url: str, pid: int, pg_pid: int | None) -> None:
         self.url = url
         self.watch = Watch(pid, pg_pid)
-        self.asker = _Asker()
+        self.asker = Asker()
         self.profile = Profile(connections=8, window=100, phase_timeout=3600.0)
 
     async def load(self, start: int, end: int, events: EventSet) -> ChunkLoad:
@@ -173,7 +177,7 @@ class RelayTarget:
 
     async def ask(self, prepared: Any) -> tuple[float, str]:
         if self.asker.conn is None or self.asker.conn.closed:
-            self.asker = _Asker()
+            self.asker = Asker()
             await self.asker.open(self.url)
         return await self.asker.ask(*prepared)
 
@@ -346,21 +350,12 @@ async def _measure(
     t_load = time.perf_counter()
     try:
         for start, end, events in prepared.chunks():
-            chunk = await target.load(start, end, events)
-            step.chunks.append(chunk)
-            per = chunk.cpu / chunk.events * 1e6 if chunk.cpu is not None else float("nan")
-            say(
-                f"  {run.corpus}: loaded {end:,} ({chunk.events / chunk.wall:,.0f} ev/s,"
-                f" {per:.0f} us CPU/event, {time.perf_counter() - t_load:.0f} s)"
+            step.chunks.append(
+                await load_chunk(target, run.corpus, start, end, events, t_load, say)
             )
-            for why, n in chunk.errors.most_common(3):
-                say(f"    refused x{n}: {why}")
             if end not in sizes:
                 continue
-            t0 = time.perf_counter()
-            for table in TABLES:
-                await admin.execute(f"VACUUM ANALYZE {table}")
-            step.vacuum_seconds = time.perf_counter() - t0
+            step.vacuum_seconds = await vacuum_analyze(admin)
             step.rows = await admin.fetchval("SELECT count(*) FROM events")
             step.disk = await measure_disk(admin, pgdata)
             say(
@@ -379,6 +374,36 @@ async def _measure(
         await target.close()
 
 
+async def load_chunk(
+    target: RelayTarget | StoreTarget,
+    corpus: str,
+    start: int,
+    end: int,
+    events: EventSet,
+    t_load: float,
+    say: Callable[[str], None],
+) -> ChunkLoad:
+    """Send one cached chunk to the store, saying its rate and CPU per EVENT."""
+    chunk = await target.load(start, end, events)
+    per = chunk.cpu / chunk.events * 1e6 if chunk.cpu is not None else float("nan")
+    say(
+        f"  {corpus}: loaded {end:,} ({chunk.events / chunk.wall:,.0f} ev/s,"
+        f" {per:.0f} us CPU/event, {time.perf_counter() - t_load:.0f} s)"
+    )
+    for why, n in chunk.errors.most_common(3):
+        say(f"    refused x{n}: {why}")
+    return chunk
+
+
+async def vacuum_analyze(admin: Any) -> float:
+    """VACUUM ANALYZE of the tables (what autovacuum does shortly after a bulk load);
+    returns its wall time."""
+    t0 = time.perf_counter()
+    for table in TABLES:
+        await admin.execute(f"VACUUM ANALYZE {table}")
+    return time.perf_counter() - t0
+
+
 def _shape_line(shape: str, r: Shape) -> str:
     if r.p50 is None:
         return f"{shape:15s} -  ({', '.join(r.outcomes)})"
@@ -388,40 +413,73 @@ def _shape_line(shape: str, r: Shape) -> str:
     )
 
 
+@dataclass
+class Served:
+    """A fresh embedded PostgreSQL with one database, and `engram serve` on it (or None)."""
+
+    root: Path
+    pg: Any  # bench.peers.Postgres
+    dsn: str
+    server: str  # the server's settings shown in reports
+    relay: Any = None  # bench.peers.Running
+
+    def kept(self) -> str:
+        from bench.pgcluster import bin_dir
+
+        return (
+            f"{self.pg.pgdata}, PostgreSQL running: connect with {bin_dir() / 'psql'}"
+            f' "{self.dsn}"; stop with kill -INT {self.pg.pid} && rm -rf {self.root}'
+        )
+
+
+@contextlib.contextmanager
+def fresh_store(
+    corpus: str, bench: str, via: str, keep: bool, say: Callable[[str], None]
+) -> Iterator[Served]:
+    """A fresh embedded PostgreSQL (default settings) and, with `via` "ws", a real
+    `engram serve` on it; the relay is stopped on exit (callers may stop it earlier),
+    PostgreSQL and the data directory too unless `keep`."""
+    from bench.peers import Postgres, start_engram
+
+    root = Path(tempfile.mkdtemp(prefix=f"engram-bench-{bench}-{corpus}-"))
+    pg = Postgres(root, cleanup_mode=None if keep else "delete")
+    served: Served | None = None
+    try:
+        dsn, _drop = pg.create_database()
+        served = Served(root, pg, dsn, pg.settings())
+        if via == "ws":
+            served.relay = start_engram(root / "relay", ["--database-url", dsn])
+            say(
+                f"  {corpus}: engram serve (pid {served.relay.pid}) at {served.relay.url},"
+                f" {served.server}"
+            )
+        yield served
+    finally:
+        if served is not None and served.relay is not None:
+            served.relay.stop()
+        if not keep:
+            pg.close()
+            shutil.rmtree(root, ignore_errors=True)
+
+
 def run_corpus(
     prepared: Prepared, reps: int, seed: int, via: str, keep: bool, say: Callable[[str], None]
 ) -> CorpusRun:
     """A fresh embedded PostgreSQL (and relay), loaded and timed; stopped unless `keep`."""
-    from bench.peers import Postgres, start_engram
-
     run = CorpusRun(prepared.corpus)
-    root = Path(tempfile.mkdtemp(prefix=f"engram-bench-scale-{prepared.corpus}-"))
-    pg = Postgres(root, cleanup_mode=None if keep else "delete")
-    try:
-        dsn, _drop = pg.create_database()
-        run.server = pg.settings()
-        relay = None
-        if via == "ws":
-            relay = start_engram(root / "relay", ["--database-url", dsn])
-            say(f"  {run.corpus}: engram serve (pid {relay.pid}) at {relay.url}, {run.server}")
+    with fresh_store(prepared.corpus, "scale", via, keep, say) as s:
+        run.server = s.server
         try:
-            run_async(_run_target(run, prepared, relay, pg.pid, dsn, pg.pgdata, reps, seed, say))
-        finally:
-            if relay is not None:
-                relay.stop()
-        run.indexes = run_async(index_use(dsn))
-        if keep:
-            from bench.pgcluster import bin_dir
-
-            run.kept = (
-                f'{pg.pgdata}, PostgreSQL running: connect with {bin_dir() / "psql"} "{dsn}";'
-                f" stop with kill -INT {pg.pid} && rm -rf {root}"
+            run_async(
+                _run_target(run, prepared, s.relay, s.pg.pid, s.dsn, s.pg.pgdata, reps, seed, say)
             )
+        finally:
+            if s.relay is not None:
+                s.relay.stop()
+        run.indexes = run_async(index_use(s.dsn))
+        if keep:
+            run.kept = s.kept()
             say(f"  kept {run.kept}")
-    finally:
-        if not keep:
-            pg.close()
-            shutil.rmtree(root, ignore_errors=True)
     return run
 
 

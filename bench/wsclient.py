@@ -192,8 +192,10 @@ async def connect(
     on_close: Callable[[str], None] | None = None,
     on_idle: Callable[[], None] | None = None,
     timeout: float = 10.0,
+    source: str | None = None,
 ) -> WsConnection:
-    """Open a ws:// connection (loopback benchmarking only: no TLS)."""
+    """Open a ws:// connection (loopback benchmarking only: no TLS), from the local
+    address `source` when given (e.g. 127.0.0.2: another client as the relay sees it)."""
     parts = urlsplit(url)
     if parts.scheme != "ws":
         raise WsError(f"only ws:// URLs are supported, not {url!r}")
@@ -205,6 +207,7 @@ async def connect(
             lambda: WsConnection(parts.netloc, parts.path, on_message, on_close, on_idle),
             host,
             port,
+            local_addr=(source, 0) if source else None,
         ),
         timeout,
     )

@@ -75,3 +75,32 @@ def test_picks_match_the_stored_events(
     # the same seed gives the same stream from the cache, without signing again
     again = corpus.prepare(name, 7, [1000, 3000], chunk=1000, say=lambda _s: None)
     assert again.meta == prepared.meta
+
+
+def test_a_cached_corpus_serves_any_of_its_sizes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bench flood --size N` loads part of a corpus `bench scale` signed for several
+    sizes: found in the cache by any of its sizes, read only up to N."""
+    monkeypatch.setenv("ENGRAM_BENCH_CACHE", str(tmp_path))
+    assert corpus.cached("skewed", 7, 1000, chunk=1000) is None
+    made = corpus.prepare("skewed", 7, [1000, 3000], chunk=1000, say=lambda _s: None)
+    for size in (1000, 3000):
+        found = corpus.cached("skewed", 7, size, chunk=1000)
+        assert found is not None and found.directory == made.directory
+        assert found.picks(size) == made.picks(size)
+    # 2000 is a chunk end but no size the picks were made for; other seeds, corpora and
+    # chunk sizes are other streams
+    assert corpus.cached("skewed", 7, 2000, chunk=1000) is None
+    assert corpus.cached("skewed", 8, 1000, chunk=1000) is None
+    assert corpus.cached("realistic", 7, 1000, chunk=1000) is None
+    assert corpus.cached("skewed", 7, 1000, chunk=500) is None
+    assert [(a, b) for a, b, _ in made.chunks(1000)] == [(0, 1000)]
+    assert [(a, b) for a, b, _ in made.chunks()] == [(0, 1000), (1000, 2000), (2000, 3000)]
+    # a size whose chunks are all there is found even when a later chunk is missing
+    (made.directory / "upto-0000003000.msgpack").unlink()
+    assert corpus.cached("skewed", 7, 1000, chunk=1000) is not None
+    assert corpus.cached("skewed", 7, 3000, chunk=1000) is None
+    # every absent value is one no event carries, whatever its index
+    assert corpus.absent("#t", 0) == made.picks(1000).values["#t absent"][0]
+    assert corpus.absent("#e", 5) == made.picks(1000).values["#e absent"][5]

@@ -177,3 +177,49 @@ def test_scale_report_compares_first_and_last_chunks() -> None:
     assert round(first or 0) == 100 and round(last or 0) == 120
     assert target_met(2.0, 15.0) == "met" and target_met(10.0, 20.0) == "met"
     assert target_met(10.0, 20.5) == "**missed**" and target_met(None, 1.0) == "-"
+
+
+def test_bench_flood_end_to_end(tmp_path: Path) -> None:
+    """`bench flood` at a tiny size: the corpus signed and cached, loaded through a real
+    `engram serve`, the victim's figures in both phases, every flooded REQ of every shape
+    with an outcome (EOSE, CLOSED, a hang or a lost connection, all counted), and the
+    report written between its markers. Nothing about speed is asserted."""
+    from bench.flood import BEGIN, END
+
+    results = tmp_path / "RESULTS.md"
+    results.write_text(f"# notes\n\n{BEGIN}\nold\n{END}\n\nafter\n")
+    env = {**os.environ, "ENGRAM_BENCH_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "bench", "flood", "--size", "300", "--seconds", "1.5"]
+    proc = subprocess.run(
+        [*cmd, "--flooders", "2", "--in-flight", "3", "--results", str(results)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert list((tmp_path / "cache").glob("scale-skewed-s1-n300-*/upto-0000000300.msgpack"))
+    text = results.read_text()
+    assert "old" not in text and "after" in text and "# notes" in text
+    assert "load average (1, 5, 15 min): before" in text
+    assert "engram_reads_closed_total" in text and "**Verdict (issue 25" in text
+    for phase in ("baseline (no flood)", "under flood"):  # p50 / p99 / max of the victim
+        row = re.search(
+            rf"^\| {re.escape(phase)} \| \d+ \| ([\d,]+) \| [\d,.]+ \| [\d,.]+ \|", text, re.M
+        )
+        assert row and int(row.group(1).replace(",", "")) > 0, text
+    ended = re.search(r"^Flooded REQs: ([\d,]+) sent, ([\d,]+) ended", text, re.M)
+    assert ended and ended.group(1) == ended.group(2) and ended.group(1) != "0", text
+    rows = re.findall(
+        r"^\| ([^|]+) \| [^|]* \| ([\d,]+) \| ([\d,]+) \| ([\d,]+)"
+        r" \| \**([\d,]+)\** \| ([\d,]+) \|",
+        text,
+        re.M,
+    )
+    num = lambda s: int(s.replace(",", ""))  # noqa: E731
+    assert len(rows) >= 8, text  # the shapes and the total
+    for name, sent, *outcomes in rows:  # each shape: sent = EOSE + CLOSED + hang + lost
+        assert num(sent) == sum(map(num, outcomes)), (name, text)
+    assert rows[-1][0] == "**all**" and num(rows[-1][1]) == num(ended.group(1)), text
