@@ -5,7 +5,9 @@ The store runs at most `read_concurrency` statements at once for the whole relay
 many connections) sending costly REQs back to back holds every slot and everyone else's
 REQs queue behind it. Here a connection may have `reads_per_connection` store reads in
 flight and an address `reads_per_ip`; past that its next REQ/COUNT waits for one of its
-own to finish, while other clients go straight through. Waiters are bounded too: a
+own to finish, while other clients go straight through; and the store's slots themselves
+go round-robin over the addresses with reads waiting (relay.store.readbatch), so the next
+free one is another client's if it waits. Waiters are bounded too: a
 connection has at most `in_flight_max` tasks (relay.transport), so nothing here grows
 without bound; an address's entry is dropped when nothing of it holds or waits.
 """
@@ -16,6 +18,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Protocol
+
+from relay.store.readbatch import READ_CLIENT
 
 
 class _Reader(Protocol):
@@ -46,7 +50,11 @@ class ReadGate:
         users[0] += 1
         try:
             async with own, sem:
-                yield
+                token = READ_CLIENT.set(reader.ip)  # the store's slots go round-robin by it
+                try:
+                    yield
+                finally:
+                    READ_CLIENT.reset(token)
         finally:
             users[0] -= 1
             if not users[0]:

@@ -27,8 +27,9 @@ a few anonymous NEG-OPENs over `{}` cannot hold every REQ slot for a statement t
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import re
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any
 
 import asyncpg
@@ -38,6 +39,12 @@ _TYPES: dict[type, str] = {str: "text", bytes: "bytea", int: "int8"}
 
 Key = tuple[str, tuple[type, ...]]
 Item = tuple[list[Any], "asyncio.Future[list[Any]]"]
+
+# Who a read is for (relay.readgate sets the client's address around its reads): free
+# slots go round-robin over the clients with reads waiting, and one client runs at most
+# all slots but one, so a client with many costly reads queued waits for its own, and
+# another client's read finds a free slot.
+READ_CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("read_client", default="")
 
 
 def batchable(sql: str, params: list[Any]) -> bool:
@@ -76,7 +83,15 @@ class ReadBatcher:
         self._concurrency = max(1, concurrency)
         self._bulk = asyncio.Semaphore(max(1, bulk_concurrency))
         self._groups: dict[Key, list[Item]] = {}
-        self._order: deque[Key] = deque()  # groups, oldest first
+        # per client with reads waiting, the groups it joined, oldest first (a group run
+        # for another client first is skipped when this one's turn comes); clients in
+        # round-robin order
+        self._clients: OrderedDict[str, deque[Key]] = OrderedDict()
+        # statements running per client: one client never holds every slot, so another
+        # client's read always finds one free (or the next to free) instead of waiting for
+        # a costly statement of the first to end
+        self._busy: dict[str, int] = {}
+        self._per_client = max(1, self._concurrency - 1)
         self._running = 0
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -90,8 +105,13 @@ class ReadBatcher:
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = []
-            self._order.append(key)
         group.append((params, future))
+        client = READ_CLIENT.get()
+        keys = self._clients.get(client)
+        if keys is None:
+            keys = self._clients[client] = deque()
+        if not keys or keys[-1] != key:
+            keys.append(key)
         self._kick(loop)
         return future
 
@@ -102,25 +122,48 @@ class ReadBatcher:
             return list(await conn.fetch(sql, *params, timeout=self._timeout))
 
     def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
-        if not self._scheduled and self._order and self._running < self._concurrency:
+        if not self._scheduled and self._groups and self._running < self._concurrency:
             self._scheduled = True
             loop.call_soon(self._start)  # queries of this loop iteration join the batch
 
+    def _next(self) -> tuple[str, Key] | None:
+        """(client, its oldest waiting group) of the next client in turn (round-robin)
+        that runs fewer than `_per_client` statements."""
+        for _ in range(len(self._clients)):
+            client, keys = self._clients.popitem(last=False)
+            while keys and keys[0] not in self._groups:
+                keys.popleft()  # run already, in another client's turn
+            if not keys:
+                continue
+            if self._busy.get(client, 0) >= self._per_client:
+                self._clients[client] = keys  # its turn passes
+                continue
+            key = keys[0]
+            if len(self._groups[key]) <= self._batch_max:
+                keys.popleft()
+            if keys:
+                self._clients[client] = keys  # back of the line
+            return client, key
+        return None
+
     def _start(self) -> None:
         self._scheduled = False
-        while self._order and self._running < self._concurrency:
-            key = self._order.popleft()
+        while self._running < self._concurrency:
+            turn = self._next()
+            if turn is None:
+                break
+            client, key = turn
             items = self._groups.pop(key)
             if len(items) > self._batch_max:
                 self._groups[key] = items[self._batch_max :]
-                self._order.appendleft(key)
                 items = items[: self._batch_max]
             self._running += 1
-            task = asyncio.create_task(self._run(key, items))
+            self._busy[client] = self._busy.get(client, 0) + 1
+            task = asyncio.create_task(self._run(client, key, items))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, key: Key, items: list[Item]) -> None:
+    async def _run(self, client: str, key: Key, items: list[Item]) -> None:
         try:
             live = [(p, f) for p, f in items if not f.done()]  # callers may have gone
             if live:
@@ -136,6 +179,9 @@ class ReadBatcher:
                 raise
         finally:
             self._running -= 1
+            busy = self._busy.pop(client) - 1
+            if busy:
+                self._busy[client] = busy
             self._kick(asyncio.get_running_loop())
 
     async def _execute(self, key: Key, params: list[list[Any]]) -> list[list[Any]]:
