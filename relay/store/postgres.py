@@ -28,7 +28,7 @@ from relay.moderation import Moderation
 from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError, moderation, tenants
 from relay.store import sql as q
 from relay.store.migrate import apply_migrations, migration_status
-from relay.store.readbatch import ReadBatcher, batchable
+from relay.store.readbatch import ReadBatcher
 from relay.store.sql import Row, RowError, encode_row
 from relay.tenants import TenantConfig
 
@@ -600,24 +600,12 @@ class PostgresStore:
             rows = await self.replicas.fetch(sql, params, self._query_timeout)
             if rows is not None:
                 return rows  # type: ignore[no-any-return]
-        if bulk or batchable(sql, params):
-            try:
-                if bulk:
-                    return await self._reads.fetch_bulk(sql, params)
-                return await self._reads.fetch(sql, params)
-            except TimeoutError as exc:  # asyncpg cancels the statement server-side
-                raise StoreError(f"error: query timed out after {self._query_timeout:g} s") from exc
-            except DB_ERRORS as exc:
-                log.error("query failed: %s", _reason(exc))
-                raise StoreError("error: could not read from the database") from exc
         try:
-            async with self._pool.acquire(timeout=_ACQUIRE_TIMEOUT) as conn:
-                try:
-                    return list(await conn.fetch(sql, *params, timeout=self._query_timeout))
-                except TimeoutError as exc:  # asyncpg cancels the statement server-side
-                    raise StoreError(
-                        f"error: query timed out after {self._query_timeout:g} s"
-                    ) from exc
+            if bulk:
+                return await self._reads.fetch_bulk(sql, params)
+            return await self._reads.fetch(sql, params)  # batched or not, on the read slots
+        except TimeoutError as exc:  # asyncpg cancels the statement server-side
+            raise StoreError(f"error: query timed out after {self._query_timeout:g} s") from exc
         except DB_ERRORS as exc:
             log.error("query failed: %s", _reason(exc))
             raise StoreError("error: could not read from the database") from exc

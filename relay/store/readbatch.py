@@ -10,14 +10,15 @@ WHERE, ORDER BY and LIMIT and its rows come back tagged with its index. Measured
 machine at 8 queries a statement: 31 us of PostgreSQL and 41 us of relay CPU per `authors`
 query, against 100 and 169 one statement each.
 
-Only statements whose parameters are all scalars (text, bytea, int) are batched (an array
-parameter cannot be a column of the unnest); others, and full-text search (which may run
-long and would hold its batch back), run on their own as before. Nothing waits to fill a
-batch: a group starts as soon as one of `concurrency` slots is free, on the next loop
-iteration, so a lone query costs one `call_soon` more than before. The statement timeout
-covers the whole batch, hence a modest default batch size (32: measured at 8 x 8 REQs in
-flight, 64 and 16 were within noise of each other, ~200 vs ~230 us per REQ, and fewer
-queries of a slow shape then share one timeout).
+Only statements whose parameters are all scalars (text, bytea, int) are batched (an
+array parameter cannot be a column of the unnest); others, and full-text search (which
+may run long and would hold its batch back), run as statements of their own, on the same
+slots: every REQ/COUNT read counts against `concurrency` and its client's share of it.
+Nothing waits to fill a batch: a group starts as soon as one of `concurrency` slots is
+free, on the next loop iteration, so a lone query costs one `call_soon` more than
+before. The statement timeout covers the whole batch, hence a modest default batch size
+(32: measured at 8 x 8 REQs in flight, 64 and 16 were within noise of each other, ~200
+vs ~230 us per REQ, and fewer queries of a slow shape then share one timeout).
 
 Whole-set reads (a NIP-77 NEG-OPEN's, up to `negentropy_max_items` rows aggregated) take
 none of those slots: they run one statement each, at most `bulk_concurrency` at once, so
@@ -37,7 +38,7 @@ import asyncpg
 _PARAM = re.compile(r"\$(\d+)\b")
 _TYPES: dict[type, str] = {str: "text", bytes: "bytea", int: "int8"}
 
-Key = tuple[str, tuple[type, ...]]
+Key = tuple[Any, ...]  # (sql, parameter types), and a serial for a read run on its own
 Item = tuple[list[Any], "asyncio.Future[list[Any]]"]
 
 # Who a read is for (relay.readgate sets the client's address around its reads): free
@@ -93,15 +94,21 @@ class ReadBatcher:
         self._busy: dict[str, int] = {}
         self._per_client = max(1, self._concurrency - 1)
         self._running = 0
+        self._solo = 0
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
 
     def fetch(self, sql: str, params: list[Any]) -> asyncio.Future[list[Any]]:
         """The rows of `sql` (tuples or records, indexable alike); raises what asyncpg
-        raises (TimeoutError for the statement timeout)."""
+        raises (TimeoutError for the statement timeout). A read that cannot be batched
+        (see `batchable`) runs as a statement of its own, on the same slots."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Any]] = loop.create_future()
-        key = (sql, tuple(map(type, params)))
+        if batchable(sql, params):
+            key: Key = (sql, tuple(map(type, params)))
+        else:
+            self._solo += 1  # a key of its own: never joined by another read
+            key = (sql, None, self._solo)
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = []
@@ -185,7 +192,7 @@ class ReadBatcher:
             self._kick(asyncio.get_running_loop())
 
     async def _execute(self, key: Key, params: list[list[Any]]) -> list[list[Any]]:
-        sql, types = key
+        sql, types = key[0], key[1]
         async with self._pool.acquire() as conn:  # bounded: every holder has a timeout
             if len(params) == 1:
                 return [list(await conn.fetch(sql, *params[0], timeout=self._timeout))]
