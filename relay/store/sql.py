@@ -757,16 +757,11 @@ def _tag_count_part(f: Filter, name: str, p: _Params) -> _TagCount | None:
     if public is None and gated is None:  # private kinds only, and no viewer
         del p.values[mark:]  # Postgres refuses a parameter that nothing references
         return None
-    return _TagCount(
-        public=None
-        if public is None
-        else " AND ".join([*span, *(c.format(t="x") for c in public)]),
-        public_row=None
-        if public is None
-        else " AND ".join([*row, *(c.format(t="e") for c in public)]),
-        several=len(keys) > 1,
-        private=gated,
-    )
+    entries = rows = None
+    if public is not None:
+        entries = " AND ".join([*span, *(c.format(t="x") for c in public)])
+        rows = " AND ".join([*row, *(c.format(t="e") for c in public)])
+    return _TagCount(public=entries, public_row=rows, several=len(keys) > 1, private=gated)
 
 
 def _tag_count(filters: list[Filter], p: _Params) -> str | None:
@@ -802,11 +797,8 @@ def _tag_count(filters: list[Filter], p: _Params) -> str | None:
         if len(public) == 1 and not public[0].several:  # one value: one entry an event
             counts.append(("+", f"SELECT count(*) FROM event_tags x WHERE {public[0].public}"))
         else:  # an event may have an entry for each value, or match several filters
-            union = " UNION ".join(
-                f"SELECT x.id FROM event_tags x WHERE {c.public}" for c in public
-            )
-            if len(public) == 1:
-                union = union.replace("SELECT x.id", "SELECT DISTINCT x.id", 1)
+            select = "SELECT DISTINCT x.id" if len(public) == 1 else "SELECT x.id"
+            union = " UNION ".join(f"{select} FROM event_tags x WHERE {c.public}" for c in public)
             counts.append(("+", f"SELECT count(*) FROM ({union}) u"))
         if p.now is not None:
             matching = " OR ".join(f"({c.public_row})" for c in public)
