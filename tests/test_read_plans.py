@@ -185,6 +185,41 @@ async def test_count_of_an_absent_tag_is_an_index_probe(
     assert rows_touched(plan) <= 5, plan
 
 
+@pytest.mark.parametrize("viewer", [None, PK])
+async def test_count_of_a_tag_reads_its_index_entries_only(
+    skewed: tuple[PostgresStore, str], viewer: str | None
+) -> None:
+    """NIP-45 COUNT of a value on every row (a popular note's reactions): an index-only
+    scan of the value's entries in event_tags_time (migration 0026: the kind is in the
+    index), never a row of `events` per match. `events` is read only through
+    events_expires (its expired rows: none here) and, for a viewer, for the entries of
+    the private kinds it may read (none here: that scan never runs)."""
+    store, url = skewed
+    conn = await asyncpg.connect(url)
+    try:  # as autovacuum does: index-only scans skip the heap of all-visible pages
+        await conn.execute("VACUUM (ANALYZE) event_tags")
+    finally:
+        await conn.close()
+    for f in (Filter(kinds=[1], tags={"t": ["common"]}), Filter(tags={"t": ["common", "rare"]})):
+        built = build_count([f], TENANT, viewer, 1_800_000_000)
+        assert built is not None
+        plan = await explain(url, *built)
+        scans = [n for n in _walk_nodes(plan) if n["Node Type"] in _BASE_SCANS]
+        tags = [n for n in scans if n["Relation Name"] == "event_tags"]
+        assert tags and sum(n["Actual Rows"] * n["Actual Loops"] for n in tags) >= ROWS, plan
+        for n in tags:
+            assert n["Node Type"] == "Index Only Scan", plan
+            assert n["Index Name"] == "event_tags_time" and n["Heap Fetches"] == 0, plan
+        rows = [n for n in scans if n["Relation Name"] != "event_tags"]
+        assert all(n["Relation Name"] == "events" for n in rows), plan
+        assert any(n.get("Index Name") == "events_expires" for n in rows), plan
+        assert all(
+            n.get("Index Name") == "events_expires" or n["Actual Loops"] == 0 for n in rows
+        ), plan
+        assert rows_touched({"Node Type": "", "Plans": rows}) == 0, plan
+        assert await store.count([f], TENANT, viewer) == ROWS
+
+
 # --- event_tags follows every write ---------------------------------------------------
 
 

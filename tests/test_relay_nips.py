@@ -116,6 +116,29 @@ async def test_count_and_its_gate(relay):
         assert await c.expect("COUNT") == ["COUNT", "mine", {"count": 1}]
 
 
+async def test_count_of_reactions_to_a_note(relay):
+    """The COUNT a client sends for a note's reactions and replies (read from the tag
+    index, migration 0026): each event once, deleted ones gone."""
+    sk, fan = key(50), key(51)
+    async with await Client.connect(relay.url) as c:
+        note = ev(sk, content="count my reactions")
+        assert (await c.publish(note))[2]
+        reactions = [ev(fan, 7, [("e", note.id), ("p", pubkey_of(sk))], f"+{i}") for i in range(4)]
+        reply = ev(fan, 1, [("e", note.id), ("p", pubkey_of(sk))], "a reply")
+        for e in (*reactions, reply):
+            assert (await c.publish(e))[2]
+        assert (await c.publish(ev(fan, 5, [("e", reactions[0].id)])))[2]  # NIP-09
+        shapes = [
+            ([{"kinds": [7], "#e": [note.id]}], 3),
+            ([{"#e": [note.id]}], 4),
+            ([{"kinds": [7], "#e": [note.id]}, {"kinds": [1, 7], "#p": [pubkey_of(sk)]}], 4),
+            ([{"kinds": [7], "#e": [note.id, reply.id], "since": note.created_at}], 3),
+        ]
+        for i, (filters, n) in enumerate(shapes):
+            await c.send(["COUNT", f"c{i}", *filters])
+            assert await c.expect("COUNT") == ["COUNT", f"c{i}", {"count": n}], filters
+
+
 # -- NIP-50 ----------------------------------------------------------------------------
 
 

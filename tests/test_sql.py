@@ -213,3 +213,54 @@ def test_engram_head_is_one_address_probe() -> None:
     two = Filter(kinds=[KIND_ENGRAM], authors=[PK], tags={"d": ["a", "b"]}, limit=1)
     text, _ = sql.build_query([two], "t", viewer=PK)  # type: ignore[misc]
     assert "LIMIT" in text
+
+
+def _reads_rows(text: str) -> bool:
+    return "FROM events WHERE tenant" in text
+
+
+def test_count_of_one_tag_reads_event_tags() -> None:
+    """NIP-45 COUNT of filters naming one tag (kinds, since, until allowed) is read from
+    event_tags; anything else (ids, authors, search, a second tag name, in any of the
+    filters) counts `events` rows as before."""
+    countable = [
+        [Filter(kinds=[7], tags={"e": ["x"]})],
+        [Filter(tags={"p": [PK, "y"]}, since=1, until=9, limit=3)],
+        [Filter(tags={"e": ["x"]}), Filter(kinds=[1, 6], tags={"t": ["y"]})],
+    ]
+    for filters in countable:
+        for viewer in (None, PK):
+            text, params = sql.build_count(filters, "t", viewer, 100)  # type: ignore[misc]
+            assert not _reads_rows(text) and "FROM event_tags x" in text, text
+            assert placeholders(text) == set(range(1, len(params) + 1))
+    # the common shape: scalar parameters only, so readbatch may batch it
+    _, params = sql.build_count(countable[0], "t", PK, 100)  # type: ignore[misc]
+    assert all(not isinstance(v, list) for v in params)
+    others = [
+        Filter(ids=["0" * 64], tags={"e": ["x"]}),
+        Filter(authors=[PK], tags={"e": ["x"]}),
+        Filter(search="w", tags={"e": ["x"]}),
+        Filter(tags={"e": ["x"], "p": [PK]}),
+        Filter(kinds=[1]),
+    ]
+    for f in others:
+        for filters in ([f], [Filter(tags={"e": ["x"]}), f]):
+            text, _ = sql.build_count(filters, "t", PK, 100)  # type: ignore[misc]
+            assert _reads_rows(text), text
+    with pytest.raises(ValueError):
+        sql.build_count([Filter(tags={"ee": ["x"]})], "t")
+
+
+def test_count_of_one_tag_gates_private_kinds() -> None:
+    """Private kinds are never counted from the index: without a viewer they are left
+    out (nothing left: nothing to read), with one they are read through their rows."""
+    assert sql.build_count([Filter(kinds=[4], tags={"p": [PK]})], "t", None, 100) is None
+    filters = [Filter(kinds=[4], tags={"p": [PK]}), Filter(kinds=[1], tags={"e": ["x"]})]
+    text, params = sql.build_count(filters, "t", None, 100)  # type: ignore[misc]
+    assert "kind = 4" not in text and "kind IN" not in text
+    assert placeholders(text) == set(range(1, len(params) + 1)) and "p:" + PK not in params
+    text, params = sql.build_count(filters, "t", PK, 100)  # type: ignore[misc]
+    assert "x.kind = 4 AND e.tenant = $1 AND e.id = x.id" in text
+    assert "(e.pubkey = $" in text and placeholders(text) == set(range(1, len(params) + 1))
+    text, _ = sql.build_count([Filter(tags={"e": ["x"]})], "t", None, 100)  # type: ignore[misc]
+    assert f"x.kind NOT IN (4, 1059, 1060, {KIND_ENGRAM})" in text and "e.pubkey" not in text

@@ -11,6 +11,7 @@ import contextlib
 import random
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -24,12 +25,14 @@ from hypothesis import strategies as st
 
 from engram.head import select_head
 from engram.nip01 import Event, pubkey_of
+from engram.readers import parties
 from relay.config import KIND_ENGRAM, Settings
-from relay.filters import Filter, matches
+from relay.filters import Filter, matches, matches_any
 from relay.store import DEFAULT_TENANT, SaveStatus, StoreError
 from relay.store.migrate import apply_migrations, migration_files, migration_status
 from relay.store.postgres import PostgresStore
-from relay.store.sql import build_query, encode_row
+from relay.store.sql import build_count, build_query, encode_row
+from relay.validate import expiration_of
 
 SK = [bytes([i + 1]) * 32 for i in range(4)]
 PK = [pubkey_of(k) for k in SK]
@@ -765,3 +768,209 @@ async def test_differential_against_matches(
     assert await store.query(filters, t, viewer) == want
     n = sum(1 for e in stored if _visible(e, viewer) and any(matches(f, e) for f in filters))
     assert await store.count(filters, t, viewer) == n
+
+
+# --- COUNT of a tag filter from event_tags (0026) --------------------------------------
+
+
+def _from_tags(filters: list[Filter], viewer: str | None = None) -> bool:
+    """Whether build_count reads these filters from event_tags alone (not `events` rows,
+    but for the expired ones and the private kinds), or reads nothing."""
+    built = build_count(filters, "t", viewer, 1)
+    return built is None or "FROM events WHERE tenant" not in built[0]
+
+
+async def test_tag_count_cases(store: PostgresStore, make_event: MakeEvent) -> None:
+    """Each rule a COUNT from event_tags must keep, on a store written through the store."""
+    note, other = "a" * 64, "b" * 64
+    now = int(time.time())
+
+    async def count(*filters: Filter, viewer: str | None = None) -> int:
+        assert _from_tags(list(filters), viewer)
+        return await store.count(list(filters), viewer=viewer)
+
+    reactions = [
+        make_event(SK[i % 3], kind=7, tags=[["e", note]], content="+", created_at=100 + i)
+        for i in range(5)
+    ]
+    reply = make_event(SK[0], kind=1, tags=[["e", note], ["e", other]], created_at=110)
+    on_other = make_event(SK[1], kind=7, tags=[["e", other]], created_at=111)
+    expired = make_event(
+        SK[2], kind=7, tags=[["e", note], ["expiration", str(now - 60)]], created_at=112
+    )
+    later = make_event(
+        SK[2], kind=7, tags=[["e", note], ["expiration", str(now + 3600)]], created_at=113
+    )
+    for ev in (*reactions, reply, on_other, expired, later):
+        assert await put(store, ev) is STORED
+    assert await count(Filter(kinds=[7], tags={"e": [note]})) == 6  # not the expired one
+    assert await count(Filter(tags={"e": [note]})) == 7  # the reply too
+    assert await count(Filter(kinds=[1, 7], tags={"e": [note]}, limit=1)) == 7  # no limit
+    assert await count(Filter(kinds=[1], tags={"e": [note, other]})) == 1  # reply: once
+    assert await count(Filter(tags={"e": [note, other]})) == 8
+    # an event matched by two filters counts once
+    assert await count(Filter(kinds=[1], tags={"e": [note]}), Filter(tags={"e": [other]})) == 2
+    assert await count(Filter(tags={"e": [note]}), Filter(kinds=[7], tags={"e": [note]})) == 7
+    assert await count(Filter(tags={"e": [note]}, since=102, until=110)) == 4
+    assert await count(Filter(tags={"e": [note]}, since=110, until=102)) == 0
+    assert await count(Filter(kinds=[3], tags={"e": [note]})) == 0
+    assert await count(Filter(tags={"e": ["c" * 64]})) == 0
+    # NIP-09: a deleted reaction is gone from the count (its entries went with its row)
+    deletion = make_event(SK[0], kind=5, tags=[["e", reactions[0].id]], created_at=120)
+    assert await put(store, deletion) is STORED
+    assert await count(Filter(kinds=[7], tags={"e": [note]})) == 5
+    # private kinds (a DM, a gift wrap): counted for their author and recipient only
+    dm = make_event(SK[0], kind=4, tags=[["p", PK[1]], ["e", note]], created_at=130)
+    wrap = make_event(SK[3], kind=1059, tags=[["p", PK[1]], ["e", note]], created_at=131)
+    for ev in (dm, wrap):
+        assert await put(store, ev) is STORED
+    assert await count(Filter(tags={"e": [note]})) == 6
+    assert await count(Filter(tags={"e": [note]}), viewer=PK[2]) == 6
+    assert await count(Filter(tags={"e": [note]}), viewer=PK[0]) == 7  # the DM's author
+    assert await count(Filter(tags={"e": [note]}), viewer=PK[1]) == 8  # both go to PK[1]
+    assert await count(Filter(kinds=[4], tags={"p": [PK[1]]}), viewer=PK[1]) == 1
+    assert await count(Filter(kinds=[4], tags={"p": [PK[1]]}), viewer=PK[3]) == 0
+    assert await count(Filter(kinds=[4], tags={"p": [PK[1]]})) == 0
+    assert (
+        await count(
+            Filter(kinds=[4, 7], tags={"e": [note]}),
+            Filter(kinds=[1059], tags={"p": [PK[1]]}),
+            viewer=PK[1],
+        )
+        == 7
+    )
+    # replaced events count once, under their kind (the update trigger): a replaceable
+    # kind 3 and an addressable kind 30023, each stored in three versions
+    for t in (200, 201, 202):
+        for ev in (
+            make_event(SK[1], kind=3, tags=[["p", PK[2]], ["t", f"v{t}"]], created_at=t),
+            make_event(SK[1], kind=30023, tags=[["d", "x"], ["p", PK[2]]], created_at=t),
+        ):
+            assert await put(store, ev) is STORED
+    assert await count(Filter(tags={"p": [PK[2]]})) == 2
+    assert await count(Filter(kinds=[3], tags={"p": [PK[2]]})) == 1
+    assert await count(Filter(kinds=[30023], tags={"d": ["x"]})) == 1
+    assert await count(Filter(tags={"t": ["v200", "v201"]})) == 0  # old versions gone
+    assert await count(Filter(kinds=[3], tags={"t": ["v202"]})) == 1
+
+
+_COUNT_KINDS = [1, 7, 4, 1059, 3, 30023]
+_COUNT_VALUES = ["a", "b", "c", PK[0], PK[1]]
+
+
+async def test_tag_count_against_the_stored_rows(
+    store: PostgresStore, database_url: str, make_event: MakeEvent
+) -> None:
+    """Random single-tag COUNTs (several values, several filters, kinds public and private,
+    time spans) against the rows themselves: `matches`, NIP-40 and the private read gate
+    applied in Python to what is stored after replaces, deletions and expirations."""
+    rng = random.Random(26)
+    t = tenant()
+    now = int(time.time())
+    events: list[Event] = []
+    for i in range(120):
+        kind = rng.choice(_COUNT_KINDS)
+        tags = [[rng.choice("ept"), rng.choice(_COUNT_VALUES)] for _ in range(rng.randint(0, 3))]
+        if kind in (4, 1059) and rng.random() < 0.8:
+            tags.insert(0, ["p", rng.choice(PK)])
+        if kind == 30023:
+            tags.append(["d", rng.choice("xy")])
+        if rng.random() < 0.15:
+            tags.append(["expiration", str(now + rng.choice((-100, 3600)))])
+        events.append(make_event(rng.choice(SK), kind=kind, tags=tags, created_at=100 + i % 40))
+    for ev in events:
+        await store.save(ev, raw(ev), t)
+    for ev in rng.sample(events, 10):  # NIP-09, by their authors
+        sk = SK[PK.index(ev.pubkey)]
+        await store.save(
+            d := make_event(sk, kind=5, tags=[["e", ev.id]], created_at=500), raw(d), t
+        )
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch("SELECT raw FROM events WHERE tenant = $1", t)
+    finally:
+        await conn.close()
+    stored = [msgspec.json.decode(r[0], type=Event) for r in rows]
+    stored = [e for e in stored if e.kind != 5]  # deletion requests carry `e` tags: skip
+    private = {4, 1059, 1060, KIND_ENGRAM}
+
+    def visible(e: Event, viewer: str | None) -> bool:
+        expires = expiration_of(e.tags)
+        if expires is not None and expires <= now:
+            return False
+        return e.kind not in private or viewer in parties(e.pubkey, e.tags)
+
+    for _ in range(150):
+        filters = []
+        for _ in range(rng.randint(1, 3)):
+            kinds = None if rng.random() < 0.4 else rng.sample(_COUNT_KINDS, rng.randint(1, 3))
+            since = None if rng.random() < 0.6 else rng.randint(100, 140)
+            until = None if rng.random() < 0.6 else rng.randint(100, 140)
+            values = rng.sample(_COUNT_VALUES, rng.randint(1, 3))
+            filters.append(
+                Filter(kinds=kinds, tags={rng.choice("ept"): values}, since=since, until=until)
+            )
+        for viewer in (None, PK[0], PK[1]):
+            assert _from_tags(filters, viewer)
+            want = sum(1 for e in stored if visible(e, viewer) and matches_any(filters, e))
+            assert await store.count(filters, t, viewer) == want, (filters, viewer)
+
+
+async def test_0026_gives_existing_entries_their_kind(
+    database_url: str, make_event: MakeEvent
+) -> None:
+    """A store written before 0026 upgrades in place: every entry gets its event's kind
+    (replaced and deleted events included), and the counts read it."""
+    note = "e" * 64
+    old = [
+        make_event(SK[0], kind=7, tags=[["e", note]], created_at=10),
+        make_event(SK[1], kind=1, tags=[["e", note], ["t", "x"]], created_at=11),
+        make_event(SK[2], kind=30023, tags=[["d", "a"], ["e", note]], created_at=12),
+    ]
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "CREATE TABLE schema_migrations (version text PRIMARY KEY,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for version, sql in migration_files():
+            if version >= "0026":
+                break
+            async with conn.transaction():
+                await conn.execute(sql)
+                await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", version)
+        for ev in old:  # what the relay's insert wrote then (0013's trigger: no kind)
+            await conn.execute(
+                "INSERT INTO events (tenant, id, pubkey, created_at, kind, d, owner, tagvals,"
+                " content, raw, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7,"
+                " $8::text::text[], $9, $10, $11)",
+                DEFAULT_TENANT,
+                *encode_row(ev, raw(ev)),
+            )
+        assert await conn.fetchval("SELECT count(*) FROM event_tags") == 5
+    finally:
+        await conn.close()
+    store = await PostgresStore.open(database_url, Settings())  # applies 0026
+    try:
+        newer = make_event(SK[2], kind=30023, tags=[["d", "a"], ["e", note]], created_at=13)
+        assert await put(store, newer) is STORED  # replaces old[2]
+        assert await put(store, make_event(SK[3], kind=7, tags=[["e", note]])) is STORED
+        assert await store.count([Filter(kinds=[7], tags={"e": [note]})]) == 2
+        assert await store.count([Filter(kinds=[1], tags={"e": [note]})]) == 1
+        assert await store.count([Filter(kinds=[30023], tags={"e": [note]})]) == 1
+        assert await store.count([Filter(tags={"e": [note]})]) == 4
+        assert await store.count([Filter(kinds=[1], tags={"t": ["x"]})]) == 1
+    finally:
+        await store.close()
+    conn = await asyncpg.connect(database_url)
+    try:
+        wrong = await conn.fetchval(
+            "SELECT count(*) FROM event_tags x LEFT JOIN events e"
+            " ON e.tenant = x.tenant AND e.id = x.id WHERE e.kind IS DISTINCT FROM x.kind"
+        )
+        total = await conn.fetchval("SELECT count(*) FROM event_tags")
+        index = await conn.fetchval("SELECT pg_get_indexdef('event_tags_time'::regclass)")
+    finally:
+        await conn.close()
+    assert wrong == 0 and total == 6
+    assert "INCLUDE (kind)" in index

@@ -680,6 +680,152 @@ def build_query(
     return " UNION ALL ".join(f"({s})" for s in parts), p.values
 
 
+def _count_tag(f: Filter) -> str | None:
+    """The tag name of a filter that COUNT reads from event_tags alone, else None: one
+    single-character tag name, optional kinds, since and until; no ids, authors or
+    search (those need the event row, or another index, to decide a match)."""
+    if f.ids is not None or f.authors is not None or f.search is not None or len(f.tags) != 1:
+        return None
+    name = next(iter(f.tags))
+    return name if len(name) == 1 else None
+
+
+def _kind_in(column: str, kinds: list[int], negate: bool = False) -> str:
+    """`column` (not) among the tenant's private kinds, as literals (see _conditions)."""
+    listed = ", ".join(str(int(k)) for k in sorted(kinds))
+    if len(kinds) == 1:
+        return f"{column} {'<>' if negate else '='} {listed}"
+    return f"{column} {'NOT IN' if negate else 'IN'} ({listed})"
+
+
+class _TagCount(msgspec.Struct):
+    """One filter's part of a COUNT read from event_tags (see _tag_count): conditions
+    on the entries `x` and, the same, on the event rows `e`."""
+
+    public: str | None  # entries of the filter's kinds that are not private
+    public_row: str | None  # the same on a row (to take out the expired ones)
+    several: bool  # several values: an event may have an entry for each
+    private: str | None  # the private ones the viewer may read: entries joined to rows
+
+
+def _tag_count_part(f: Filter, name: str, p: _Params) -> _TagCount | None:
+    """The conditions of one filter naming one tag, or None if it matches nothing."""
+    if f.since is not None and f.until is not None and f.since > f.until:
+        return None
+    kinds: list[int] | None = None
+    if f.kinds is not None:
+        kinds = [k for k in dict.fromkeys(f.kinds) if 0 <= k <= _INT4_MAX]
+        if not kinds:
+            return None
+    keys = list(dict.fromkeys(tag_key(name, v) for v in f.tags[name]))
+    if not keys:
+        return None
+    mark = len(p.values)
+    ref = p.add(_one_or_all(keys))
+    if len(keys) == 1:
+        span = [f"x.tenant = $1 AND x.tag = tag_hash({ref}::text)"]
+        row = [f"e.tagvals && ARRAY[{ref}::text]"]
+    else:
+        span = [
+            f"x.tenant = $1 AND x.tag = ANY(ARRAY(SELECT tag_hash(k) FROM unnest({ref}::text[]) k))"
+        ]
+        row = [f"e.tagvals && {ref}::text[]"]
+    if f.since is not None:
+        since = p.add(f.since)
+        span.append(f"x.created_at >= {since}::int8")
+        row.append(f"e.created_at >= {since}::int8")
+    if f.until is not None:
+        until = p.add(f.until)
+        span.append(f"x.created_at <= {until}::int8")
+        row.append(f"e.created_at <= {until}::int8")
+    private = sorted(p.private if kinds is None else p.private.intersection(kinds))
+    public: list[str] | None = None  # the kind condition of the public part, if any
+    if kinds is None:
+        public = [_kind_in("{t}.kind", private, negate=True)] if private else []
+    elif shown := [k for k in kinds if k not in p.private]:
+        public = [_eq("{t}.kind", p.add(_one_or_all(shown)), "int4", len(shown))]
+    gated: str | None = None
+    v = p.viewer_ref() if private else None
+    if v is not None:  # without a viewer no private event is counted, as in _conditions
+        gated = " AND ".join(
+            [
+                *span,
+                _kind_in("x.kind", private),
+                "e.tenant = $1 AND e.id = x.id",
+                f"(e.pubkey = {v} OR e.owner = {v})",
+                *row,  # the row is read anyway: no hash collision gets counted here
+            ]
+        )
+        if p.now is not None:
+            gated += f" AND (e.expires_at IS NULL OR e.expires_at > {p.add(p.now)}::int8)"
+    if public is None and gated is None:  # private kinds only, and no viewer
+        del p.values[mark:]  # Postgres refuses a parameter that nothing references
+        return None
+    entries = rows = None
+    if public is not None:
+        entries = " AND ".join([*span, *(c.format(t="x") for c in public)])
+        rows = " AND ".join([*row, *(c.format(t="e") for c in public)])
+    return _TagCount(public=entries, public_row=rows, several=len(keys) > 1, private=gated)
+
+
+def _tag_count(filters: list[Filter], p: _Params) -> str | None:
+    """The COUNT of filters that each name one tag (see _count_tag), from event_tags, or
+    None if none can match.
+
+    The entries of each value are read from event_tags_time with an index-only scan (the
+    kind is included in the index, migration 0026), so the count costs the value's index
+    entries, never one heap row per match (`{"kinds":[7],"#e":[a popular note]}` at 1M
+    events read every reaction's event row before). Events matched by several values or
+    several filters are counted once (UNION); deleted events have no entries (the
+    triggers of 0013). NIP-40 expired events keep their entries until the purge deletes
+    their rows, so those that match are counted from the tenant's expired rows (the
+    partial index events_expires: a few rows, between two purges) and subtracted: no
+    join, so no plan can probe the expired rows once per entry. Private kinds are
+    counted from their rows, only those the viewer may read (their author or recipient).
+
+    Approximate by design, as NIP-45 allows: entries are keyed by a 64-bit hash of the tag
+    key and the index-only part does not recheck the event's `tagvals` (a REQ does), so an
+    event carrying another value whose hash equals a counted one's would be counted too:
+    a chance of about 2^-64 for each pair of distinct values."""
+    parts = []
+    for f in filters:
+        name = _count_tag(f)
+        assert name is not None
+        part = _tag_count_part(f, name, p)
+        if part is not None:
+            parts.append(part)
+    public = [c for c in parts if c.public is not None]
+    gated = [c.private for c in parts if c.private is not None]
+    counts: list[tuple[str, str]] = []  # (sign, SELECT count)
+    if public:
+        if len(public) == 1 and not public[0].several:  # one value: one entry an event
+            counts.append(("+", f"SELECT count(*) FROM event_tags x WHERE {public[0].public}"))
+        else:  # an event may have an entry for each value, or match several filters
+            select = "SELECT DISTINCT x.id" if len(public) == 1 else "SELECT x.id"
+            union = " UNION ".join(f"{select} FROM event_tags x WHERE {c.public}" for c in public)
+            counts.append(("+", f"SELECT count(*) FROM ({union}) u"))
+        if p.now is not None:
+            matching = " OR ".join(f"({c.public_row})" for c in public)
+            counts.append(
+                (
+                    "-",
+                    "SELECT count(*) FROM events e WHERE e.tenant = $1"
+                    f" AND e.expires_at IS NOT NULL AND e.expires_at <= {p.add(p.now)}::int8"
+                    f" AND ({matching})",
+                )
+            )
+    if gated:
+        union = " UNION ALL ".join(
+            f"SELECT e.id FROM event_tags x, events e WHERE {w}" for w in gated
+        )
+        counts.append(("+", f"SELECT count(DISTINCT g.id) FROM ({union}) g"))
+    if not counts:
+        return None
+    if len(counts) == 1:
+        return counts[0][1]
+    return "SELECT " + " ".join(f"{sign} ({c})" for sign, c in counts).removeprefix("+ ")
+
+
 def build_count(
     filters: list[Filter],
     tenant: str,
@@ -689,9 +835,14 @@ def build_count(
 ) -> tuple[str, list[Any]] | None:
     """SELECT count(*) of distinct events matching any filter, or None if none can match.
 
-    NIP-45 counts every match, so `limit` is ignored here.
+    NIP-45 counts every match, so `limit` is ignored here. When every filter names one
+    tag and nothing the index lacks, the count is read from event_tags (_tag_count);
+    otherwise from `events`, tag conditions finding their rows through event_tags.
     """
     p = _Params(tenant, viewer, now, private)
+    if filters and all(_count_tag(f) is not None for f in filters):
+        text = _tag_count(filters, p)
+        return None if text is None else (text, p.values)
     ors: list[str] = []
     for f in filters:
         conds = p.conditions(f)
