@@ -267,3 +267,21 @@ def test_tag_key_is_what_the_index_hashes() -> None:
     f = Filter(tags={"t": ["x"]}, limit=1)
     _, params = build_query([f], TENANT)  # type: ignore[misc]
     assert tag_key("t", "x") in params
+
+
+async def test_a_tag_in_a_kind_it_is_not_on_reads_no_event_row(
+    skewed: tuple[PostgresStore, str],
+) -> None:
+    """`#t` a value on every row, in a kind none of them has: the entries' kinds (0026)
+    turn them all down before any event row is read, and the entries read stay within
+    scan_max."""
+    store, url = skewed
+    f = Filter(tags={"t": ["common"]}, kinds=[5], limit=10)
+    plan = await explain(url, *one(f))
+    on_events = [
+        n
+        for n in _walk_nodes(plan)
+        if n.get("Relation Name") == "events" and n.get("Actual Loops", 0) > 0
+    ]
+    assert not on_events, on_events
+    assert await store.query([f], TENANT) == []

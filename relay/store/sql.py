@@ -538,11 +538,19 @@ def _tag_driven(f: Filter, name: str, p: _Params, scan_max: int) -> str | None:
         span += f" AND created_at <= {p.add(f.until)}::int8"
     limit = p.add(f.limit)
     cap = p.add(scan_max)
+    # the kind is in each entry (0026): entries of other kinds are dropped before their
+    # event row is read, still among the first `scan_max` entries (the bound stays rows
+    # of the index read)
+    of_kinds = ""
+    if f.kinds is not None:
+        kinds = [k for k in dict.fromkeys(f.kinds) if 0 <= k <= _INT4_MAX]
+        of_kinds = " WHERE " + _eq("y.kind", p.add(_one_or_all(kinds)), "int4", len(kinds))
     keys = list(dict.fromkeys(tag_key(name, v) for v in f.tags[name]))
     branches = [
-        f"SELECT e.raw, e.created_at, e.id FROM (SELECT created_at, id FROM event_tags"
+        f"SELECT e.raw, e.created_at, e.id FROM (SELECT created_at, id FROM (SELECT"
+        f" created_at, id, kind FROM event_tags"
         f" WHERE tenant = $1 AND tag = tag_hash({p.add(k)}::text){span}"
-        f" ORDER BY created_at DESC, id LIMIT {cap}::int8) x"
+        f" ORDER BY created_at DESC, id LIMIT {cap}::int8) y{of_kinds}) x"
         f" CROSS JOIN LATERAL (SELECT {SELECT_COLUMNS} FROM events WHERE {where}) e"
         f" ORDER BY x.created_at DESC, x.id LIMIT {limit}::int8"
         for k in keys
