@@ -5,8 +5,11 @@ durable settings; the peers of `bench.peers`, each from its own virtualenv), dri
 with `bench.load` (events from the shared cache: byte-identical for every relay), stops
 it, and goes on; every start is a fresh store. Rounds alternate the relays' order, and
 each figure is the median over the rounds, because this machine is shared and noisy:
-only ratios taken in one run mean much. Prints a table per phase, then ours/peer for
-every figure (ops/s: above 1 is ours faster; every other figure: below 1 is ours better).
+only ratios taken in one run mean much. Before each relay's run it waits (`--settle`, up
+to 300 s) for the 1-minute load average to fall below 0.5, and reports the value it
+starts at: a run that starts on a busy machine is not a result. Prints a table per phase,
+then ours/peer for every figure (ops/s: above 1 is ours faster; every other figure: below
+1 is ours better).
 
 `--results bench/RESULTS.md` rewrites the generated part of that file (between its
 `<!-- compare:begin -->` and `<!-- compare:end -->` markers) with this run.
@@ -114,6 +117,7 @@ def run_compare(
     rounds: int,
     say: Callable[[str], None] = print,
     keep_logs: bool = False,
+    settle_seconds: float = 0.0,
 ) -> tuple[list[RelayRuns], str]:
     """Prepare, then run every relay once per round; returns the runs and the PG settings."""
     runs = [RelayRuns(k, RELAYS[k]) for k in keys]
@@ -147,7 +151,7 @@ def run_compare(
                 if run.problem:
                     continue
                 say(f"round {n + 1}/{rounds}: {run.spec.name}")
-                _one(run, root / f"{run.key}-{n}", pg, profile, say)
+                _one(run, root / f"{run.key}-{n}", pg, profile, say, settle_seconds)
     finally:
         if pg is not None:
             pg.close()
@@ -161,9 +165,34 @@ def run_compare(
     return runs, pg_settings
 
 
+# A run that starts on a busy machine is not a result (bench/RESULTS.md): before each
+# relay's run, wait for the 1-minute load average to fall below this, at most `settle` s.
+QUIET_LOAD = 0.5
+
+
+def settle(limit: float, say: Callable[[str], None], quiet: float = QUIET_LOAD) -> float:
+    """Wait until the 1-minute load average is below `quiet`, at most `limit` seconds;
+    returns the seconds waited (the previous relay's run, or anything else, lingers in the
+    average for a minute or two)."""
+    t0 = time.monotonic()
+    while os.getloadavg()[0] >= quiet and time.monotonic() - t0 < limit:
+        time.sleep(5)
+    waited = time.monotonic() - t0
+    if waited >= 1:
+        say(f"  waited {waited:.0f} s for the load average to settle")
+    return waited
+
+
 def _one(
-    run: RelayRuns, workdir: Path, pg: Postgres | None, profile: Profile, say: Callable[[str], None]
+    run: RelayRuns,
+    workdir: Path,
+    pg: Postgres | None,
+    profile: Profile,
+    say: Callable[[str], None],
+    settle_seconds: float = 0.0,
 ) -> None:
+    if settle_seconds > 0:
+        settle(settle_seconds, say)
     run.loads.append(os.getloadavg()[0])
     say(f"  load average before the run: {run.loads[-1]:.2f}")
     try:
@@ -316,6 +345,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=2, help="rounds (medians are reported)")
     p.add_argument("--results", type=Path, help="write the tables into this markdown file")
     p.add_argument("--keep-logs", action="store_true", help="keep the relays' logs and files")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=300.0,
+        help="before each relay's run, wait up to this many seconds for the 1-minute load"
+        f" average to fall below {QUIET_LOAD} (0: do not wait); the value is reported",
+    )
     load.add_profile_args(p)
     return p
 
@@ -331,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     profile = load.profile_from_args(args)
     load.raise_fd_limit()  # inherited by the relays: 1,000 subscribers need descriptors
     t0 = time.monotonic()
-    runs, pg_settings = run_compare(keys, profile, max(1, args.rounds), keep_logs=args.keep_logs)
+    runs, pg_settings = run_compare(
+        keys, profile, max(1, args.rounds), keep_logs=args.keep_logs, settle_seconds=args.settle
+    )
     text = (
         header(argv, profile, args.rounds, pg_settings)
         + "\n\n"

@@ -223,3 +223,11 @@ def test_bench_flood_end_to_end(tmp_path: Path) -> None:
     for name, sent, *outcomes in rows:  # each shape: sent = EOSE + CLOSED + hang + lost
         assert num(sent) == sum(map(num, outcomes)), (name, text)
     assert rows[-1][0] == "**all**" and num(rows[-1][1]) == num(ended.group(1)), text
+
+
+def test_compare_settle_waits_no_longer_than_its_limit() -> None:
+    """The wait for a quiet machine before each run is bounded (`--settle`)."""
+    said: list[str] = []
+    assert compare.settle(0.0, said.append, quiet=0.0) < 1  # never quiet: the limit ends it
+    assert compare.settle(60.0, said.append, quiet=1e9) < 1  # always quiet: no wait
+    assert said == []
