@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import os
 import random
 import re
@@ -61,7 +60,7 @@ from typing import Any
 import msgspec
 
 from bench import corpus, wsclient
-from bench.compare import machine, write_results
+from bench.compare import write_results
 from bench.corpus import BASE_TIME, CHUNK, CORPORA, Picks, Prepared
 from bench.load import Watch, reason_key, run_async
 from bench.scale import (
@@ -73,7 +72,7 @@ from bench.scale import (
     request,
     vacuum_analyze,
 )
-from bench.scalereport import WARMUP, size_label
+from bench.scalereport import WARMUP, run_lines, size_label
 
 BEGIN, END = "<!-- flood:begin -->", "<!-- flood:end -->"
 TARGET_P99_MS = 50.0  # issue 25, done when 3
@@ -616,17 +615,10 @@ def verdict(run: FloodRun) -> str:
 
 
 def report(run: FloodRun, argv: list[str], o: Options, loadavg: tuple[Any, Any]) -> str:
-    before, after = loadavg
     total = run.stats.total()
     answered = sum(total.outcomes.values())
     lines = [
-        f"- command: `python -m bench flood{' ' + ' '.join(argv) if argv else ''}`",
-        f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- machine: {machine()}; {run.server}",
-        "- load average (1, 5, 15 min): before "
-        + ", ".join(f"{x:.2f}" for x in before)
-        + "; after "
-        + ", ".join(f"{x:.2f}" for x in after),
+        *run_lines("flood", argv, run.server, loadavg),
         f"- store: {run.corpus} corpus, {run.size:,} signed EVENTs sent through `engram serve`'s"
         f" websocket in {run.load_seconds:,.0f} s ({run.rows:,} rows after VACUUM ANALYZE)"
         + (f"; refused: {dict(run.refused.most_common(3))}" if run.refused else ""),

@@ -10,6 +10,7 @@ import datetime as dt
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench import charts
 from bench.corpus import SHAPES
@@ -111,6 +112,23 @@ def drift(chunks: list[ChunkLoad], window: int) -> tuple[float | None, float | N
 
 
 # --- report -------------------------------------------------------------------------
+
+
+def run_lines(command: str, argv: list[str], server: str, loadavg: tuple[Any, Any]) -> list[str]:
+    """The first lines of a bench report: command, date, machine and store, and the load
+    average before and after (a run that starts on a busy machine is not a result)."""
+    from bench.compare import machine  # bench.compare imports bench.load: not at import time
+
+    before, after = loadavg
+    return [
+        f"- command: `python -m bench {command}{' ' + ' '.join(argv) if argv else ''}`",
+        f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- machine: {machine()}; {server}",
+        "- load average (1, 5, 15 min): before "
+        + ", ".join(f"{x:.2f}" for x in before)
+        + "; after "
+        + ", ".join(f"{x:.2f}" for x in after),
+    ]
 
 
 def size_label(x: int) -> str:
@@ -236,7 +254,6 @@ def report(
     chunk: int,
     loadavg: tuple[tuple[float, ...], tuple[float, ...]],
 ) -> str:
-    from bench.compare import machine
 
     how = (
         "signed EVENTs and REQs through `engram serve`'s websocket (8 connections x 100"
@@ -244,15 +261,8 @@ def report(
         if via == "ws"
         else "PostgresStore.submit/query/count in this process (no websocket, no signatures)"
     )
-    before, after = loadavg
     lines = [
-        f"- command: `python -m bench scale{' ' + ' '.join(argv) if argv else ''}`",
-        f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- machine: {machine()}; {runs[0].server if runs else ''}",
-        "- load average (1, 5, 15 min): before "
-        + ", ".join(f"{x:.2f}" for x in before)
-        + "; after "
-        + ", ".join(f"{x:.2f}" for x in after),
+        *run_lines("scale", argv, runs[0].server if runs else "", loadavg),
         f"- {how}; {reps} runs per shape and size after {WARMUP} unrecorded; CPU per query is"
         " relay+PostgreSQL (process trees); a cell's CPU divides by the runs",
         "",
