@@ -285,3 +285,39 @@ async def test_a_tag_in_a_kind_it_is_not_on_reads_no_event_row(
     ]
     assert not on_events, on_events
     assert await store.query([f], TENANT) == []
+
+
+async def test_the_engram_head_fetch_never_reads_event_tags(
+    skewed: tuple[PostgresStore, str], database_url: str
+) -> None:
+    """The CLI's head fetch (kinds 30174, one author, `#p` the agent, `#d` the slug) is
+    one probe of the address index: its `#p` rechecks that row. With `#p` read through
+    event_tags, the planner could hash every entry of the agent's key (each of its
+    engrams carries it) on every fetch."""
+    store, url = skewed
+    agent = "ab" * 32
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(
+            """
+            INSERT INTO events (tenant, id, pubkey, created_at, kind, d, owner, tagvals,
+                                content, sig, raw)
+            SELECT $1, sha256(int4send(-g)), $2, 1700000000 + g, 30174, 'slug-' || g,
+                   decode($3, 'hex'), ARRAY['d:slug-' || g, 'p:' || $3], '', NULL,
+                   convert_to('{}', 'UTF8')
+            FROM generate_series(1, 5000) g
+            """,
+            TENANT,
+            bytes.fromhex(PK),
+            agent,
+        )
+        await conn.execute("ANALYZE events; ANALYZE event_tags")
+    finally:
+        await conn.close()
+    f = Filter(kinds=[30174], authors=[PK], tags={"p": [agent], "d": ["slug-77"]})
+    built = build_query([f], TENANT, PK, 1_800_000_000)
+    assert built is not None
+    plan = await explain(url, *built)
+    assert not [n for n in _walk_nodes(plan) if n.get("Relation Name") == "event_tags"], plan
+    assert rows_touched(plan) <= 2, plan
+    assert len(await store.query([f], TENANT, PK)) == 1

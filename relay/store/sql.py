@@ -650,7 +650,10 @@ def build_query(
                 parts.append(select)
             continue
         authors = _per_author(f)
-        conds = p.conditions(f, None if authors is None else _AUTHOR)
+        # one address is at most one row of the address index: its tag terms (the head
+        # fetch's `#p`) only recheck that row, never read event_tags (a plan that hashed
+        # every entry of the agent's key cost 8 ms a fetch at 20,000 engrams)
+        conds = p.conditions(f, None if authors is None else _AUTHOR, bounded=_one_address(f))
         if conds is None:
             continue
         where = " AND ".join(["tenant = $1", *conds])
