@@ -10,6 +10,7 @@ SQL is only ever built from fixed fragments; every value travels as a `$n` param
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -392,6 +393,25 @@ def _eq(column: str, ref: str, cast: str, n: int) -> str:
     return f"{column} = ANY({ref}::{cast}[])"
 
 
+def _kinds(f: Filter) -> list[int] | None:
+    """The distinct kinds a filter names that a stored row can have (int4), in order;
+    None when it names none (an empty list: it names only kinds nothing can have)."""
+    if f.kinds is None:
+        return None
+    return [k for k in dict.fromkeys(f.kinds) if 0 <= k <= _INT4_MAX]
+
+
+def _kind_in(column: str, kinds: Iterable[int], negate: bool = False) -> str:
+    """`column` (not) among `kinds` given as literals: the tenant's private kinds are
+    integers from its configuration, never client input, and a statement keeps scalar
+    parameters only (readbatch needs that) and plans on the constants."""
+    listed = sorted(kinds)
+    text = ", ".join(str(int(k)) for k in listed)
+    if len(listed) == 1:
+        return f"{column} {'<>' if negate else '='} {text}"
+    return f"{column} {'NOT IN' if negate else 'IN'} ({text})"
+
+
 def _one_or_all(values: list[Any]) -> Any:
     return values[0] if len(values) == 1 else values
 
@@ -431,9 +451,8 @@ def _conditions(
             conds.append(f"pubkey = {author_ref}")
         else:
             conds.append(_eq("pubkey", p.add(_one_or_all(authors)), "bytea", len(authors)))
-    kinds: list[int] | None = None
-    if f.kinds is not None:
-        kinds = [k for k in dict.fromkeys(f.kinds) if 0 <= k <= _INT4_MAX]
+    kinds = _kinds(f)
+    if kinds is not None:
         if not kinds:
             return None
         conds.append(_eq("kind", p.add(_one_or_all(kinds)), "int4", len(kinds)))
@@ -474,13 +493,11 @@ def _conditions(
     if p.now is not None:  # NIP-40: expired events are never served
         conds.append(f"(expires_at IS NULL OR expires_at > {p.add(p.now)}::int8)")
     # The private read gate (engrams and the tenant's private kinds: their author or
-    # recipient only, relay.policy), in SQL so LIMIT counts right. The kinds are literals
-    # (integers from the tenant's configuration, never client input): a statement keeps
-    # scalar parameters only, which readbatch needs, and plans on the constants.
+    # recipient only, relay.policy), in SQL so LIMIT counts right; the kinds as literals
+    # (_kind_in).
     private = p.private if kinds is None else p.private.intersection(kinds)
     if private:
-        listed = ", ".join(str(int(k)) for k in sorted(private))
-        public = f"kind <> {listed}" if len(private) == 1 else f"kind NOT IN ({listed})"
+        public = _kind_in("kind", private, negate=True)
         v = p.viewer_ref()
         conds.append(public if v is None else f"({public} OR pubkey = {v} OR owner = {v})")
     return conds
@@ -542,8 +559,8 @@ def _tag_driven(f: Filter, name: str, p: _Params, scan_max: int) -> str | None:
     # event row is read, still among the first `scan_max` entries (the bound stays rows
     # of the index read)
     of_kinds = ""
-    if f.kinds is not None:
-        kinds = [k for k in dict.fromkeys(f.kinds) if 0 <= k <= _INT4_MAX]
+    kinds = _kinds(f)
+    if kinds:  # never empty here: p.conditions returned None for that
         of_kinds = " WHERE " + _eq("y.kind", p.add(_one_or_all(kinds)), "int4", len(kinds))
     keys = list(dict.fromkeys(tag_key(name, v) for v in f.tags[name]))
     branches = [
@@ -584,7 +601,7 @@ def _search_walk_first(f: Filter, p: _Params, walk: int, window: int) -> str | N
     q_ref = p.add(search)
     words = f"{SEARCH_WORDS} @@ websearch_to_tsquery('simple', {q_ref}::text)"
     limit = p.add(f.limit)
-    kinds = [k for k in dict.fromkeys(f.kinds or ()) if 0 <= k <= _INT4_MAX] or None
+    kinds = _kinds(f) or None
     found = (
         f"SELECT search_newest($1, {q_ref}::text, {p.add(kinds)}::int4[],"
         f" {p.add(f.since)}::int8, {p.add(f.until)}::int8, {p.add(sorted(p.private))}::int4[],"
@@ -701,14 +718,6 @@ def _count_tag(f: Filter) -> str | None:
     return name if len(name) == 1 else None
 
 
-def _kind_in(column: str, kinds: list[int], negate: bool = False) -> str:
-    """`column` (not) among the tenant's private kinds, as literals (see _conditions)."""
-    listed = ", ".join(str(int(k)) for k in sorted(kinds))
-    if len(kinds) == 1:
-        return f"{column} {'<>' if negate else '='} {listed}"
-    return f"{column} {'NOT IN' if negate else 'IN'} ({listed})"
-
-
 class _TagCount(msgspec.Struct):
     """One filter's part of a COUNT read from event_tags (see _tag_count): conditions
     on the entries `x` and, the same, on the event rows `e`."""
@@ -723,11 +732,9 @@ def _tag_count_part(f: Filter, name: str, p: _Params) -> _TagCount | None:
     """The conditions of one filter naming one tag, or None if it matches nothing."""
     if f.since is not None and f.until is not None and f.since > f.until:
         return None
-    kinds: list[int] | None = None
-    if f.kinds is not None:
-        kinds = [k for k in dict.fromkeys(f.kinds) if 0 <= k <= _INT4_MAX]
-        if not kinds:
-            return None
+    kinds = _kinds(f)
+    if kinds is not None and not kinds:
+        return None
     keys = list(dict.fromkeys(tag_key(name, v) for v in f.tags[name]))
     if not keys:
         return None
