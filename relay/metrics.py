@@ -279,6 +279,17 @@ def batch_written(size: int, started: float) -> None:
 # --- scrape-time gauges -------------------------------------------------------------------
 
 
+def _gauges(sources: list[Any], *specs: tuple[str, str, str]) -> Iterator[GaugeMetricFamily]:
+    """One gauge per (name, doc, attribute) over every source: the largest value for a
+    peak, the sum otherwise, 0 with no source."""
+    for name, doc, attr in specs:
+        family = GaugeMetricFamily(name, doc)
+        values = [getattr(o, attr) for o in sources]
+        agg = max if "peak" in attr else sum
+        family.add_metric([], agg(values) if values else 0)
+        yield family
+
+
 class _StateCollector:
     """Subscriptions and database pool, read from the live objects at scrape time."""
 
@@ -325,8 +336,8 @@ class _StateCollector:
     def collect_output(self) -> Iterator[Any]:
         """Queued output, NIP-77 sets and the live tail's delay (relay.sendqueue,
         relay.negentropy, relay.store.pgbus)."""
-        outputs = list(self.outputs)
-        for name, doc, value in (
+        yield from _gauges(
+            list(self.outputs),
             ("engram_send_queue_bytes", "Output queued for readers now.", "total"),
             ("engram_send_queue_bytes_peak", "The most output ever queued at once.", "peak_total"),
             (
@@ -335,23 +346,13 @@ class _StateCollector:
                 "peak_connection",
             ),
             ("engram_send_queue_budget_bytes", "Budget for all queued output.", "limit"),
-        ):
-            family = GaugeMetricFamily(name, doc)
-            values = [getattr(o, value) for o in outputs]
-            agg = max if "peak" in value else sum
-            family.add_metric([], agg(values) if values else 0)
-            yield family
-        services = list(self.negentropy)
-        for name, doc, value in (
+        )
+        yield from _gauges(
+            list(self.negentropy),
             ("engram_negentropy_bytes", "NIP-77 sets held (or reserved) now.", "held"),
             ("engram_negentropy_bytes_peak", "The most NIP-77 set bytes ever held.", "peak"),
             ("engram_negentropy_budget_bytes", "Budget for all NIP-77 sets.", "budget"),
-        ):
-            family = GaugeMetricFamily(name, doc)
-            values = [getattr(n, value) for n in services]
-            agg = max if "peak" in value else sum
-            family.add_metric([], agg(values) if values else 0)
-            yield family
+        )
         tail = GaugeMetricFamily(
             "engram_live_tail_delay_seconds",
             "How long the cross-node live tail has been held back (0 when current).",
