@@ -119,30 +119,39 @@ def test_store_insert_bench_runs(pg_server_url: str) -> None:
     assert "[copy], kind 1" in out.stdout and "'stored': 40" in out.stdout
 
 
-def test_bench_scale_end_to_end(tmp_path: Path) -> None:
-    """`bench scale` at a tiny size: both corpora signed and cached, loaded through a real
-    `engram serve`, every shape answered, the report written between its markers."""
-    from bench.corpus import CORPORA, SHAPES
-    from bench.scale import BEGIN, END
-
+def run_into_results(
+    tmp_path: Path, begin: str, end: str, *args: str
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """`python -m bench ARGS --results FILE` in a fresh corpus cache under tmp_path, FILE
+    holding an old block between the command's markers: the run must succeed and replace
+    that block only. Returns the process and the file's new text."""
     results = tmp_path / "RESULTS.md"
-    results.write_text(f"# notes\n\n{BEGIN}\nold\n{END}\n\nafter\n")
+    results.write_text(f"# notes\n\n{begin}\nold\n{end}\n\nafter\n")
     env = {**os.environ, "ENGRAM_BENCH_CACHE": str(tmp_path / "cache")}
-    cmd = [sys.executable, "-m", "bench", "scale", "--sizes", "300", "--reps", "3"]
     proc = subprocess.run(
-        [*cmd, "--results", str(results)],
+        [sys.executable, "-m", "bench", *args, "--results", str(results)],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
-    assert "load average before the run:" in proc.stdout, out
-    assert "engram serve (pid" in proc.stdout, out
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     text = results.read_text()
     assert "old" not in text and "after" in text and "# notes" in text
+    return proc, text
+
+
+def test_bench_scale_end_to_end(tmp_path: Path) -> None:
+    """`bench scale` at a tiny size: both corpora signed and cached, loaded through a real
+    `engram serve`, every shape answered, the report written between its markers."""
+    from bench.corpus import CORPORA, SHAPES
+    from bench.scale import BEGIN, END
+
+    proc, text = run_into_results(tmp_path, BEGIN, END, "scale", "--sizes", "300", "--reps", "3")
+    out = proc.stdout + proc.stderr
+    assert "load average before the run:" in proc.stdout, out
+    assert "engram serve (pid" in proc.stdout, out
     assert "load average (1, 5, 15 min): before" in text
     for name in CORPORA:
         assert f"### corpus: {name}" in text, text
@@ -186,23 +195,13 @@ def test_bench_flood_end_to_end(tmp_path: Path) -> None:
     report written between its markers. Nothing about speed is asserted."""
     from bench.flood import BEGIN, END
 
-    results = tmp_path / "RESULTS.md"
-    results.write_text(f"# notes\n\n{BEGIN}\nold\n{END}\n\nafter\n")
-    env = {**os.environ, "ENGRAM_BENCH_CACHE": str(tmp_path / "cache")}
-    cmd = [sys.executable, "-m", "bench", "flood", "--size", "300", "--seconds", "1.5"]
-    proc = subprocess.run(
-        [*cmd, "--flooders", "2", "--in-flight", "3", "--results", str(results)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    _, text = run_into_results(
+        tmp_path,
+        BEGIN,
+        END,
+        *("flood", "--size", "300", "--seconds", "1.5", "--flooders", "2", "--in-flight", "3"),
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
     assert list((tmp_path / "cache").glob("scale-skewed-s1-n300-*/upto-0000000300.msgpack"))
-    text = results.read_text()
-    assert "old" not in text and "after" in text and "# notes" in text
     assert "load average (1, 5, 15 min): before" in text
     assert "engram_reads_closed_total" in text and "**Verdict (issue 25" in text
     for phase in ("baseline (no flood)", "under flood"):  # p50 / p99 / max of the victim

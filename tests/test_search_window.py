@@ -12,6 +12,7 @@ from typing import Any
 import asyncpg
 import msgspec
 import pytest
+from test_read_plans import _walk_nodes
 
 from engram.nip01 import pubkey_of
 from relay.config import Settings
@@ -116,12 +117,7 @@ async def test_a_window_read_ands_the_posting_list_with_the_time_index(
     finally:
         await conn.close()
     plan: dict[str, Any] = json.loads(text)[0]["Plan"]
-    nodes = []
-    todo = [plan]
-    while todo:
-        n = todo.pop()
-        nodes.append(n)
-        todo += n.get("Plans", [])
+    nodes = _walk_nodes(plan)
     assert any(n["Node Type"] == "BitmapAnd" for n in nodes), plan
     heap = [n for n in nodes if n["Node Type"] == "Bitmap Heap Scan"]
     assert heap and heap[0]["Actual Rows"] <= 41, plan  # the window's matches only
@@ -158,18 +154,11 @@ async def test_a_mid_frequency_word_reads_the_window_not_all_its_matches(
             " SET auto_explain.log_analyze = on; SET auto_explain.log_nested_statements = on;"
             " SET auto_explain.log_format = json; SET client_min_messages = log"
         )
-        rows = await conn.fetch(*built[:1], *built[1])
+        rows = await conn.fetch(built[0], *built[1])
     finally:
         await conn.close()
     assert len(rows) == 10
-    scans = []
-    for p in plans:
-        todo = [p]
-        while todo:
-            n = todo.pop()
-            todo += n.get("Plans", [])
-            if n.get("Relation Name") == "events":
-                scans.append(n)
+    scans = [n for p in plans for n in _walk_nodes(p) if n.get("Relation Name") == "events"]
     assert plans and scans, plans
     bound = {"Bitmap Heap Scan": 41, "Index Scan": 100, "Index Only Scan": WINDOW + 1}
     read = [(n["Node Type"], n.get("Index Name"), n["Actual Rows"]) for n in scans]

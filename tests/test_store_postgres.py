@@ -588,6 +588,21 @@ async def test_search_reads_stored_words(
     assert await q(store, Filter(search="absent", limit=10)) == []
 
 
+async def migrate_before(conn: asyncpg.Connection, version: str) -> None:
+    """The schema as a relay of an older release left it: every migration before
+    `version` applied and recorded, as apply_migrations does."""
+    await conn.execute(
+        "CREATE TABLE schema_migrations (version text PRIMARY KEY,"
+        " applied_at timestamptz NOT NULL DEFAULT now())"
+    )
+    for name, sql in migration_files():
+        if name >= version:
+            break
+        async with conn.transaction():
+            await conn.execute(sql)
+            await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", name)
+
+
 async def test_upgrade_to_stored_words_keeps_old_rows(
     database_url: str, make_event: MakeEvent
 ) -> None:
@@ -601,16 +616,7 @@ async def test_upgrade_to_stored_words_keeps_old_rows(
     )
     conn = await asyncpg.connect(database_url)
     try:
-        await conn.execute(
-            "CREATE TABLE schema_migrations (version text PRIMARY KEY,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        for version, sql in migration_files():
-            if version >= "0012":
-                break
-            async with conn.transaction():
-                await conn.execute(sql)
-                await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", version)
+        await migrate_before(conn, "0012")
         await conn.execute(  # what the relay's insert wrote then
             "INSERT INTO events (tenant, id, pubkey, created_at, kind, d, owner, tagvals,"
             " content, sig, raw, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7,"
@@ -929,16 +935,7 @@ async def test_0026_gives_existing_entries_their_kind(
     ]
     conn = await asyncpg.connect(database_url)
     try:
-        await conn.execute(
-            "CREATE TABLE schema_migrations (version text PRIMARY KEY,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        for version, sql in migration_files():
-            if version >= "0026":
-                break
-            async with conn.transaction():
-                await conn.execute(sql)
-                await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", version)
+        await migrate_before(conn, "0026")
         for ev in old:  # what the relay's insert wrote then (0013's trigger: no kind)
             await conn.execute(
                 "INSERT INTO events (tenant, id, pubkey, created_at, kind, d, owner, tagvals,"
