@@ -106,9 +106,17 @@ def signature_valid_hex(event: Event) -> bool:
     """`signature_valid` for an event whose id, pubkey and sig are already known to be
     lower-case hex of the right lengths (the relay checks them first, with the shape)."""
     try:
-        return _xonly(event.pubkey).verify(bytes.fromhex(event.sig), bytes.fromhex(event.id))
+        return signature_valid_parts(
+            event.pubkey, bytes.fromhex(event.sig), bytes.fromhex(event.id)
+        )
     except (ValueError, TypeError):
         return False
+
+
+def signature_valid_parts(pubkey_hex: str, sig: bytes, event_id: bytes) -> bool:
+    """The BIP-340 check itself: 64-byte `sig` over the 32-byte `event_id` by the x-only
+    key `pubkey_hex` (lower-case hex). Raises ValueError for a malformed key or sig."""
+    return _xonly(pubkey_hex).verify(sig, event_id)
 
 
 def verify_event(event: Event) -> bool:

@@ -116,6 +116,7 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
         await refresh_tenants(store, registry)
         bus = store.bus
         relay = Relay(settings, store, tenants=registry, bus=bus)
+        relay.start()
         app.state.relay = relay
         app.state.bus = bus
         metrics.bind(app.state.relay, package_version())

@@ -109,7 +109,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # per kind-1 note (to_tsvector, stored in `words`, and the GIN entries; `bench
     # pgindex`); other kinds store an empty copy.
     search_kinds: list[int] | None = None
-    verify_threads: int = 1  # BIP-340 checks in this many threads beside the loop (0: inline)
+    # BIP-340 checks in a worker process beside the relay (relay.verifyproc), so the event
+    # loop and the check use two cores; off: `verify_threads` threads beside the loop, or
+    # inline when that is 0 (README "Ingest tuning").
+    verify_process: bool = True
+    verify_threads: int = 0
     # RFC 7692 compression, offered to clients that ask. Off: Nostr frames are small JSON,
     # deflating each costs CPU on both ends, and uncompressed connections take the
     # relay's direct receive path (relay.wsserver).

@@ -22,7 +22,7 @@ from relay.hosts import host_of
 from relay.session import Session
 from relay.store import EventStore, SaveResult, SaveStatus
 from relay.tenants import Tenant
-from relay.verifier import BatchVerifier, Verdict
+from relay.verifier import Verdict, Verifier
 from relay.wire import Reason
 
 
@@ -35,7 +35,7 @@ class Ingest:
         fanouts: defaultdict[str, FanOut],
         bus: EventBus | None = None,
         clock: Callable[[], float] = time.time,
-        verifier: BatchVerifier | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.store = store
         self.fanouts = fanouts
@@ -173,6 +173,11 @@ class Ingest:
         kinds go to their parties only), counted."""
         sent = self.fanouts[tenant.key].publish(event, raw, tenant.private_kinds)
         metrics.live_sent(tenant.key, sent)
+
+    def start(self) -> None:
+        """Starting up (in the loop): the signature checker's worker, if it has one."""
+        if self.verifier is not None:
+            self.verifier.start()
 
     def close(self) -> None:
         """Shutting down: EVENTs still waiting for their signature check are answered."""

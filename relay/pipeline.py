@@ -28,7 +28,8 @@ from relay.readgate import ReadGate
 from relay.session import Session
 from relay.store import EventStore, StoreError
 from relay.tenants import Tenant, TenantRegistry
-from relay.verifier import BatchVerifier
+from relay.verifier import BatchVerifier, Verifier
+from relay.verifyproc import ProcessVerifier
 from relay.wire import Reason
 
 log = logging.getLogger("engram.relay")
@@ -45,7 +46,7 @@ class Relay:
         clock: Callable[[], float] = time.time,
         tenants: TenantRegistry | None = None,
         bus: EventBus | None = None,
-        verifier: BatchVerifier | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -57,7 +58,9 @@ class Relay:
         self.clock = clock
         kinds = settings.search_kinds
         self.search_kinds = None if kinds is None else frozenset(kinds)
-        if verifier is None and settings.verify_threads:
+        if verifier is None and settings.verify_process:
+            verifier = ProcessVerifier()
+        elif verifier is None and settings.verify_threads:
             verifier = BatchVerifier(settings.verify_threads)
         self.ingest = Ingest(store, self.fanouts, bus, clock, verifier)
         self.receive_event = self.ingest.receive
@@ -300,6 +303,10 @@ class Relay:
     def connect(self, tenant: Tenant, ip: str) -> ConnectionAllowance | None:
         """Admit a new connection from `ip`, or None when the address has too many."""
         return self.limiter.connect(tenant.key, ip, self.clock())
+
+    def start(self) -> None:
+        """Starting up, in the loop: the signature worker (relay.verifyproc)."""
+        self.ingest.start()
 
     def close(self) -> None:
         """Shutting down: every EVENT still waiting for a check is answered."""

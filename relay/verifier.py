@@ -3,9 +3,11 @@ in a small thread pool, while the loop goes on parsing and answering.
 
 libsecp256k1's Schnorr verification runs in a C call that releases the GIL (cffi), so a
 thread verifying a batch overlaps with the loop's Python; the Python around each call
-(hex decoding, the key cache) still takes the GIL. `verify_threads` (default 1; 0 verifies
-inline): measured, the event loop's own CPU per EVENT halved and the relay's total
-fell slightly, so the loop is no longer the bottleneck where a core is free.
+(hex decoding, the key cache) still takes the GIL, once per event. Used only with
+`verify_process` off and `verify_threads` above 0: with one EVENT per websocket read, the
+GIL hand-offs cost the relay more CPU per EVENT than the thread took off the loop, and
+it ingested less (README "Ingest tuning"); the default is the worker process of
+`relay.verifyproc`.
 
 Every submitted event gets exactly one verdict, whatever the thread does: True or False
 when its signature was checked, else the `error: …` reason it was not (the check raised,
@@ -18,6 +20,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from engram.nip01 import Event, signature_valid_hex
 from relay.wire import Reason
@@ -29,6 +32,17 @@ Verdict = bool | str
 Done = Callable[[Verdict], None]
 CHECK_FAILED = Reason.ERROR("the signature could not be checked; try again")
 SHUTTING_DOWN = Reason.ERROR("the relay is shutting down; try again")
+
+
+class Verifier(Protocol):
+    """Where the relay hands EVENTs for their signature check: this module's threads, or
+    the worker process of `relay.verifyproc` (the default)."""
+
+    def start(self) -> None: ...
+
+    def submit(self, event: Event, done: Done) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def verify_all(events: list[Event]) -> list[bool]:
@@ -52,6 +66,9 @@ class BatchVerifier:
         self._pending: list[tuple[Event, Done]] = []
         self._running: set[asyncio.Future[list[bool]]] = set()
         self._closed = False
+
+    def start(self) -> None:
+        """The threads start with their first batch."""
 
     def submit(self, event: Event, done: Done) -> None:
         if self._closed:

@@ -20,7 +20,9 @@ from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
 from engram.nip01 import Event, sign_event
+from relay.config import Settings
 from relay.store.embedded import quote_ident, start_server, with_database
+from relay.store.postgres import PostgresStore
 
 # Relay-process fixtures (`start_relay`, `relay`) live in tests/relay_fixtures.py.
 pytest_plugins = ["relay_fixtures"]
@@ -79,6 +81,14 @@ async def database_url(pg_server_url: str) -> AsyncIterator[str]:
         await conn.execute(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
     finally:
         await conn.close()
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[PostgresStore]:
+    """A PostgresStore with the default settings on a new database (migrated)."""
+    s = await PostgresStore.open(database_url, Settings())
+    yield s
+    await s.close()
 
 
 # --- events ---------------------------------------------------------------------------

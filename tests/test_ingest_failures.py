@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -67,13 +67,6 @@ class Client:
             self._arrived.clear()
             await asyncio.wait_for(self._arrived.wait(), 60)
         return {i: f for i, f in self.oks().items() if i in ids}
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[PostgresStore]:
-    s = await PostgresStore.open(database_url, Settings())
-    yield s
-    await s.close()
 
 
 def notes(make_event: MakeEvent, n: int, content: str) -> list[Event]:

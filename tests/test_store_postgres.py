@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
@@ -56,13 +56,6 @@ def ids_of(raws: list[bytes]) -> list[str]:
 
 def tenant() -> str:
     return "t-" + uuid.uuid4().hex
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[PostgresStore]:
-    s = await PostgresStore.open(database_url, Settings())
-    yield s
-    await s.close()
 
 
 async def put(store: PostgresStore, ev: Event, tenant: str = DEFAULT_TENANT) -> SaveStatus:

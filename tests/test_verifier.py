@@ -1,11 +1,13 @@
-"""Signature checks in threads beside the loop (`verify_threads`): the same answers as
-inline verification, for every kind of EVENT, on a real relay."""
+"""Signature checks beside the loop, in the worker process (`verify_process`, the default)
+or in threads (`verify_threads`): the same answers as inline verification, for every
+kind of EVENT, on a real relay."""
 
 from __future__ import annotations
 
 import time
 
 import msgspec
+import pytest
 from nostr_client import Client
 
 from engram.nip01 import Event, pubkey_of, sign_event
@@ -18,8 +20,16 @@ def ev(kind: int = 1, content: str = "x", tags=()) -> Event:
     return sign_event(SK, int(time.time()), kind, [list(t) for t in tags], content, AUX)
 
 
-async def test_threaded_verification_answers_like_inline(start_relay):
-    rp = start_relay(env={"ENGRAM_VERIFY_THREADS": "2"})
+CHECKERS = {
+    "process": {},
+    "threads": {"ENGRAM_VERIFY_PROCESS": "0", "ENGRAM_VERIFY_THREADS": "2"},
+    "inline": {"ENGRAM_VERIFY_PROCESS": "0", "ENGRAM_VERIFY_THREADS": "0"},
+}
+
+
+@pytest.mark.parametrize("checker", list(CHECKERS))
+async def test_every_checker_answers_like_inline(start_relay, checker):
+    rp = start_relay(env=CHECKERS[checker])
     async with await Client.connect(rp.url) as c, await Client.connect(rp.url) as live:
         _, end = await live.req("live", {"kinds": [1, 20001]})
         assert end[0] == "EOSE"
@@ -39,8 +49,9 @@ async def test_threaded_verification_answers_like_inline(start_relay):
         assert live_ids == {e.id for e in good} | {ephemeral.id}
 
 
-async def test_threaded_verification_keeps_the_write_policy(start_relay):
-    rp = start_relay(env={"ENGRAM_VERIFY_THREADS": "1", "ENGRAM_LIMITS_RESTRICTED_WRITES": "1"})
+@pytest.mark.parametrize("checker", list(CHECKERS))
+async def test_every_checker_keeps_the_write_policy(start_relay, checker):
+    rp = start_relay(env={**CHECKERS[checker], "ENGRAM_LIMITS_RESTRICTED_WRITES": "1"})
     async with await Client.connect(rp.url) as c:
         msg = await c.publish(ev())
         assert msg[2] is False and msg[3].split(":")[0] in ("auth-required", "restricted")

@@ -134,9 +134,14 @@ class PostgresStore:
         self.node_id = uuid.uuid4().hex  # `origin` of the rows this process stores
         self.bus_held_back = False  # set by bus_read (relay.store.pgbus reports it)
         self._pending: collections.deque[_Pending] = collections.deque()
+        # The loop the writers run on, taken once: asyncio.get_running_loop() makes a
+        # getpid() system call on every call, ~4 % of the relay's CPU per EVENT here.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup = asyncio.Event()
         self._closing = False
         self._writers: list[asyncio.Task[None]] = []
+        self._waking: asyncio.Task[None] | None = None  # the bus wake-up in flight
+        self._wake_again = False  # a batch committed while it was in flight
         self._write_concurrency = max(1, settings.write_concurrency)
         self._reads = ReadBatcher(
             pool,
@@ -185,6 +190,8 @@ class PostgresStore:
         self._wakeup.set()
         if self._writers:  # a cancelled writer answered its events (_writer_failed)
             await asyncio.gather(*self._writers, return_exceptions=True)
+        if self._waking is not None:
+            await asyncio.gather(self._waking, return_exceptions=True)
         if self.replicas is not None:
             await self.replicas.close()
         try:
@@ -203,7 +210,10 @@ class PostgresStore:
     ) -> asyncio.Future[SaveResult]:
         """`save` without a coroutine: the future resolves after the commit. The relay's
         EVENT path uses it with a callback, so an event costs no asyncio task."""
-        future: asyncio.Future[SaveResult] = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[SaveResult] = loop.create_future()
         if self._closing:
             future.set_result(CLOSED)
             return future
@@ -243,9 +253,32 @@ class PostgresStore:
                 if not isinstance(exc, Exception):
                     raise
                 continue
+            if any(r.status is SaveStatus.STORED for r in results):
+                self._wake_nodes()
             for p, result in zip(batch, results, strict=True):
                 if not p.future.done():
                     p.future.set_result(result)
+
+    def _wake_nodes(self) -> None:
+        """Tell other nodes (relay.store.pgbus) that rows were stored: a NOTIFY in its own
+        statement after the commit, at most one in flight, shared by the batches that
+        commit meanwhile. Never inside the batch's transaction: PostgreSQL lets one
+        notifying transaction commit at a time (a lock from PreCommit_Notify through the
+        WAL flush), which made the writers take turns (bench/RESULTS.md, issue 24)."""
+        if self._waking is not None:
+            self._wake_again = True
+            return
+        self._waking = asyncio.ensure_future(self._send_wakes())
+
+    async def _send_wakes(self) -> None:
+        try:
+            again = True
+            while again:
+                self._wake_again = False
+                await self.notify(q.BUS_CHANNEL, self.node_id)
+                again = self._wake_again
+        finally:
+            self._waking = None
 
     def _writer_failed(
         self, batch: list[_Pending], results: list[SaveResult] | None, exc: BaseException

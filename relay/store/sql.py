@@ -60,8 +60,10 @@ _UNNEST = (
 # deadlock each other.
 _IN_ORDER = " ORDER BY t.ord"
 
-# The live bus: one wake-up per committed batch (never the event: payloads cap at 8000
-# bytes), then every node reads the rows of transactions that finished since it last read.
+# The live bus: a wake-up after committed batches (never the event: payloads cap at 8000
+# bytes; its payload is the writer's origin, so a node is not woken by its own batches),
+# then every node reads the rows of transactions that finished since it last read. Sent
+# after the commit, never in the batch's own transaction (PostgresStore._wake_nodes).
 BUS_CHANNEL = "engram_events"
 
 # NIP-09: an event its author deleted never comes back (`a` deletions cover versions up
@@ -85,22 +87,10 @@ _NOT_DELETED_ADDRESS = (
 )
 
 
-def _waking(insert: str) -> str:
-    """The insert, returning (tenant, id) of stored rows, plus the bus wake-up in the same
-    statement (a NOTIFY is delivered at commit, and only if something was stored). Its
-    payload is the writer's origin ($12), so a node is not woken by its own batches."""
-    return (
-        f"WITH ins AS ({insert} RETURNING tenant, id),"
-        f" wake AS (SELECT pg_notify('{BUS_CHANNEL}', $12::text)"
-        " WHERE EXISTS (SELECT 1 FROM ins))"
-        " SELECT ins.tenant, ins.id FROM ins LEFT JOIN wake ON true"
-    )
-
-
 # Regular events: an existing (tenant, id) means DUPLICATE; RETURNING names the new rows.
-INSERT_REGULAR = _waking(
+INSERT_REGULAR = (
     f"INSERT INTO events ({_COLUMNS}) {_UNNEST}{_NOT_DELETED_ID}{_IN_ORDER}"
-    " ON CONFLICT (tenant, id) DO NOTHING"
+    " ON CONFLICT (tenant, id) DO NOTHING RETURNING tenant, id"
 )
 
 # Replaceable/addressable events: the replace rule as ONE statement against the unique
@@ -110,7 +100,7 @@ INSERT_REGULAR = _waking(
 # checks every stored head against `engram.head.select_head`. The caller guarantees one
 # row per address per statement, otherwise Postgres raises "ON CONFLICT DO UPDATE
 # command cannot affect row a second time".
-INSERT_REPLACEABLE = _waking(
+INSERT_REPLACEABLE = (
     f"INSERT INTO events ({_COLUMNS}) {_UNNEST}{_NOT_DELETED_ID}{_NOT_DELETED_ADDRESS}"
     f"{_IN_ORDER} ON CONFLICT (tenant, pubkey, kind, d) WHERE d IS NOT NULL DO UPDATE SET"
     " id = excluded.id, created_at = excluded.created_at, owner = excluded.owner,"
@@ -120,6 +110,7 @@ INSERT_REPLACEABLE = _waking(
     " xid = pg_current_xact_id()"
     " WHERE excluded.created_at > events.created_at"
     " OR (excluded.created_at = events.created_at AND excluded.id < events.id)"
+    " RETURNING tenant, id"
 )
 
 # Which of the given (tenant, id) pairs are stored: tells DUPLICATE from STALE.
