@@ -108,15 +108,19 @@ def tuning(memory: int) -> str:
     spread out. With 128 MB, a store of a few GB evicts the author indexes' leaf pages
     between inserts. max_wal_size bounds the WAL kept on disk: 4 GB of it was two thirds
     of the data directory after a million events (bench scale); 1 GB keeps the store
-    small for a few more full-page writes after each checkpoint. Measured in
-    bench/RESULTS.md ("Search words stored, embedded settings"; "Reads that cost what
-    they return")."""
+    small for a few more full-page writes after each checkpoint. random_page_cost as
+    deploy/compose.yaml sets it (SSD, a cached store): at the default 4, before the
+    first ANALYZE an `authors` REQ read all of an author's rows through a bitmap and
+    sorted them instead of walking its index for `limit` rows (2.5x PostgreSQL's CPU per
+    REQ with 40 events an author). Measured in bench/RESULTS.md ("Search words stored,
+    embedded settings"; "Reads that cost what they return"; issue 24)."""
     mb = max(128, min(1024, memory // 8 // 2**20))
     return (
         "# Written by engram-relay (relay.store.embedded.tuning); edit and restart to change.\n"
         f"shared_buffers = {mb}MB\n"
         "max_wal_size = 1GB\n"
         "checkpoint_timeout = 15min\n"
+        "random_page_cost = 1.1\n"
     )
 
 
