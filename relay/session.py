@@ -7,13 +7,15 @@ connection), `send_wait` (await room in the connection's bounded queue) and `off
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engram.nipoa import Clause
 from relay.ratelimit import ConnectionAllowance
 from relay.tenants import Tenant
+
+if TYPE_CHECKING:
+    from relay.readgate import Slots
 
 
 class Session:
@@ -58,7 +60,7 @@ class Session:
         self.in_flight = 0  # EVENTs waiting for their commit
         self.on_event_done: Callable[[], None] | None = None  # the transport's wake-up
         self.negentropy: dict[str, Any] | None = None  # NIP-77 sessions (relay.negentropy)
-        self.reads: asyncio.Semaphore | None = None  # store reads in flight (relay.readgate)
+        self.reads: Slots | None = None  # store reads in flight (relay.readgate)
         self._send = send
         self._send_wait = send_wait
         self._offer = offer

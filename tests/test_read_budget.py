@@ -11,13 +11,13 @@ import asyncpg
 import pytest
 from nostr_client import Client
 
-from relay.readgate import ReadGate
+from relay.readgate import ReadGate, Slots
 
 
 class Conn:
     def __init__(self, ip: str) -> None:
         self.ip = ip
-        self.reads: asyncio.Semaphore | None = None
+        self.reads: Slots | None = None
 
 
 async def test_a_connection_waits_for_its_own_reads_not_for_others() -> None:
@@ -46,6 +46,54 @@ async def test_a_connection_waits_for_its_own_reads_not_for_others() -> None:
         ["busy0", "busy1", "busy2", "busy3", "other-ip", "same-ip", "same-ip-2"]
     )
     assert gate.addresses() == 0  # nothing kept for addresses that left
+
+
+async def test_a_cancelled_wait_gives_up_nothing_and_takes_nothing() -> None:
+    """A REQ closed while it waits for its connection's slot: the slot it was about to get
+    goes to the next waiter, the counts come back, and the gate forgets the address."""
+    gate = ReadGate(per_connection=1, per_ip=8)
+    conn = Conn("10.0.0.3")
+    release = asyncio.Event()
+    entered: list[str] = []
+
+    async def read(name: str) -> None:
+        async with gate.hold(conn):
+            entered.append(name)
+            await release.wait()
+
+    first = asyncio.create_task(read("first"))
+    waiting = [asyncio.create_task(read(f"w{i}")) for i in range(3)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert entered == ["first"]
+    waiting[0].cancel()  # still waiting: leaves the queue
+    release.set()
+    await first
+    # the slot first leaves goes to w1 (w0 left the queue), then w2's turn
+    for _ in range(3):
+        await asyncio.sleep(0)
+    await asyncio.gather(*waiting, return_exceptions=True)
+    assert entered == ["first", "w1", "w2"]
+    async with gate.hold(conn):  # the connection's one slot is free again
+        entered.append("after")
+    assert gate.addresses() == 0
+    assert conn.reads is not None and conn.reads._free == 1 and not conn.reads._waiters
+
+
+async def test_a_slot_handed_to_a_cancelled_task_goes_to_the_next() -> None:
+    slots = Slots(1)
+    loop = asyncio.get_running_loop()
+    await slots.acquire(loop)
+    b = asyncio.create_task(slots.acquire(loop))
+    c = asyncio.create_task(slots.acquire(loop))
+    await asyncio.sleep(0)
+    slots.release()  # b is handed the slot...
+    b.cancel()  # ...and cancelled before it runs: c gets it
+    await asyncio.gather(b, return_exceptions=True)
+    await asyncio.wait_for(c, 5)
+    assert b.cancelled()
+    slots.release()
+    assert slots._free == 1 and not slots._waiters
 
 
 @pytest.mark.parametrize("verb", ["REQ", "COUNT"])
