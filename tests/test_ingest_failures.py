@@ -73,6 +73,29 @@ def notes(make_event: MakeEvent, n: int, content: str) -> list[Event]:
     return [make_event(SK, content=f"{content} {i}") for i in range(n)]
 
 
+async def answered_all(c: Client, events: list[Event], verdict: tuple[bool, str]) -> None:
+    """Every one of `events` answered `verdict` (OK's accepted flag and message), and the
+    connection's in-flight count back to zero."""
+    oks = await c.until_answered(events)
+    assert {tuple(ok[2:]) for ok in oks.values()} == {verdict}
+    assert c.session.in_flight == 0
+
+
+async def checked_as_usual(
+    c: Client, make_event: MakeEvent, label: str, n: int = 20
+) -> list[Event]:
+    """`n` notes and a forged one, published (after a failure): each checked, stored and
+    answered as usual. Returns them all."""
+    good = notes(make_event, n, label)
+    forged = msgspec.structs.replace(make_event(SK, content=f"forged {label}"), sig="0" * 128)
+    c.publish(*good, forged)
+    oks = await c.until_answered([*good, forged])
+    assert all(oks[e.id][2:] == [True, ""] for e in good)
+    assert oks[forged.id][2:] == [False, "invalid: signature verification failed"]
+    assert c.session.in_flight == 0
+    return [*good, forged]
+
+
 async def test_a_check_that_raises_answers_error_never_invalid(
     store: PostgresStore, make_event: MakeEvent
 ) -> None:
@@ -85,21 +108,11 @@ async def test_a_check_that_raises_answers_error_never_invalid(
     c = Client(relay)
     boom = notes(make_event, 20, "boom")
     c.publish(*boom)
-    oks = await c.until_answered(boom)
-    assert {tuple(ok[2:]) for ok in oks.values()} == {(False, CHECK_FAILED)}
+    await answered_all(c, boom, (False, CHECK_FAILED))
     assert CHECK_FAILED.startswith("error: ")
-    assert c.session.in_flight == 0
     # the verifier goes on: the next batch is checked, stored and answered
-    good = notes(make_event, 20, "good")
-    forged = msgspec.structs.replace(make_event(SK, content="forged"), sig="0" * 128)
-    c.publish(*good, forged)
-    oks = await c.until_answered([*good, forged])
-    assert all(oks[e.id][2:] == [True, ""] for e in good)
-    assert oks[forged.id][2:] == [False, "invalid: signature verification failed"]
-    assert c.session.in_flight == 0
-    assert Counter(f[1] for f in c.frames if f[0] == "OK") == Counter(
-        e.id for e in [*boom, *good, forged]
-    )
+    after = await checked_as_usual(c, make_event, "good")
+    assert Counter(f[1] for f in c.frames if f[0] == "OK") == Counter(e.id for e in [*boom, *after])
     relay.close()
 
 
