@@ -267,6 +267,16 @@ class Run:
         ]
         expect(not zombies, f"zombie processes in the container: {zombies}")
 
+    def verifies_in_a_worker(self, relay: Relay) -> None:
+        """The signature worker (relay.verifyproc) runs: the fork server and its child,
+        and the relay never fell back to checking inline."""
+        script = 'for f in /proc/[0-9]*/cmdline; do tr "\\0" " " < "$f"; echo; done'
+        lines = relay.exec("sh", "-c", script + " 2>/dev/null || true").splitlines()
+        forks = [line for line in lines if "multiprocessing.forkserver" in line]
+        expect(len(forks) >= 2, f"no signature worker process in the container: {lines}")
+        log = relay.logs()
+        expect("signature worker" not in log, f"the signature worker failed:\n{log}")
+
     def healthy(self, relay: Relay) -> None:
         code, out = relay.healthcheck()
         expect(code == 0, f"podman healthcheck run: exit {code}: {out}")
@@ -479,6 +489,8 @@ async def external_database_checks(run: Run, pg: HostPostgres) -> None:
         await publish_and_read(a.ws, key(4), "hello from the image check")
     with run.check("an engram is stored and the read gate holds (NIP-42 AUTH)"):
         await engram_and_read_gate(a.ws)
+    with run.check("signatures are checked in a worker process beside the relay"):
+        run.verifies_in_a_worker(a)
     with run.check("podman healthcheck run: healthy"):
         run.healthy(a)
     with run.check("unhealthy while its database is unreachable, healthy once it is back"):
