@@ -9,8 +9,9 @@ and reads one byte per event back, on the loop itself (`add_reader`, no thread).
 
 Two batches are in the worker at most (the next one waits in the pipe while it checks
 one, so it never idles while the loop is busy); what arrives meanwhile waits here and
-goes next, so batches grow with the load, and two writes never exceed the pipe's buffer
-(`BATCH_MAX` events of `_RECORD` bytes each): the loop never blocks on the pipe.
+goes next, so batches grow with the load, and two writes never exceed the buffer of the
+connection (`multiprocessing.Pipe`: a Unix socket pair, 208 KiB by default; the sizes
+assume 64 KiB): the loop never blocks on a write, even to a worker that hangs.
 
 Every submitted event gets exactly one verdict, whatever the worker does: True or False
 when its signature was checked, else the `error: …` reason it was not (`CHECK_FAILED`
@@ -35,7 +36,7 @@ from relay.verifier import CHECK_FAILED, SHUTTING_DOWN, Done, Verdict
 log = logging.getLogger("engram.verifier")
 
 _RECORD = 64 + 128 + 64  # pubkey, sig and id, as the event's hex
-BATCH_MAX = 120  # 30,720 bytes a write, two under Linux's 64 KiB pipe buffer
+BATCH_MAX = 120  # 30,720 bytes a write: two fit in 64 KiB
 _IN_WORKER_MAX = 2  # batches sent and not answered
 DEADLINE_SECONDS = 10.0  # a batch not answered by then: the worker is restarted
 _FAILURES_MAX = 3  # worker failures in a row before verifying inline
