@@ -58,10 +58,11 @@ class Relay:
         self.clock = clock
         kinds = settings.search_kinds
         self.search_kinds = None if kinds is None else frozenset(kinds)
-        if verifier is None and settings.verify_process:
-            verifier = ProcessVerifier()
-        elif verifier is None and settings.verify_threads:
-            verifier = BatchVerifier(settings.verify_threads)
+        if verifier is None:
+            if settings.verify_process:
+                verifier = ProcessVerifier()
+            elif settings.verify_threads:
+                verifier = BatchVerifier(settings.verify_threads)
         self.ingest = Ingest(store, self.fanouts, bus, clock, verifier)
         self.receive_event = self.ingest.receive
         self.negentropy = NegentropyService(settings, store)

@@ -89,7 +89,7 @@ class ReadGate:
 class _Hold:
     """One read's slots (a class, not an async generator: this runs for every REQ)."""
 
-    __slots__ = ("_entry", "_gate", "_reader", "_token")
+    __slots__ = ("_entry", "_gate", "_own", "_reader", "_token")
 
     def __init__(self, gate: ReadGate, reader: _Reader) -> None:
         self._gate = gate
@@ -117,13 +117,11 @@ class _Hold:
         except BaseException:
             gate._leave(reader.ip, entry)
             raise
-        self._entry = entry
+        self._own, self._entry = own, entry
         self._token = READ_CLIENT.set(reader.ip)  # the store's slots go round-robin by it
 
     async def __aexit__(self, *exc: object) -> None:
         READ_CLIENT.reset(self._token)
         self._entry[0].release()
-        reads = self._reader.reads
-        assert reads is not None
-        reads.release()
+        self._own.release()
         self._gate._leave(self._reader.ip, self._entry)

@@ -89,7 +89,7 @@ class BatchVerifier:
             try:
                 future = loop.run_in_executor(self._pool, self._check, [e for e, _ in part])
             except RuntimeError:  # the pool is shut down
-                _answer(part, SHUTTING_DOWN)
+                answer(part, SHUTTING_DOWN)
                 continue
             self._running.add(future)
             future.add_done_callback(lambda f, part=part: self._deliver(part, f))
@@ -97,19 +97,15 @@ class BatchVerifier:
     def _deliver(self, part: list[tuple[Event, Done]], future: asyncio.Future[list[bool]]) -> None:
         self._running.discard(future)
         if future.cancelled():
-            _answer(part, SHUTTING_DOWN)
+            answer(part, SHUTTING_DOWN)
             return
         exc = future.exception()
         results = None if exc is not None else future.result()
         if results is None or len(results) != len(part):
             log.error("signature check of %d events failed: %r", len(part), exc or results)
-            _answer(part, CHECK_FAILED)
+            answer(part, CHECK_FAILED)
             return
-        for (_, done), ok in zip(part, results, strict=True):
-            try:
-                done(ok)
-            except Exception:  # one answer's failure must not leave the others unanswered
-                log.exception("verdict callback failed")
+        deliver(part, results)
 
     def close(self) -> None:
         """Shutting down: every event not verified yet is answered `SHUTTING_DOWN` (those
@@ -119,12 +115,23 @@ class BatchVerifier:
         for future in list(self._running):
             future.cancel()  # its _deliver answers SHUTTING_DOWN
         self._pool.shutdown(wait=False, cancel_futures=True)
-        _answer(waiting, SHUTTING_DOWN)
+        answer(waiting, SHUTTING_DOWN)
 
 
-def _answer(part: list[tuple[Event, Done]], verdict: str) -> None:
+def deliver(part: list[tuple[Event, Done]], verdicts: list[bool]) -> None:
+    """Each event of `part` its verdict (the threads' and the worker process's)."""
+    for (_, done), ok in zip(part, verdicts, strict=True):
+        _call(done, ok)
+
+
+def answer(part: list[tuple[Event, Done]], verdict: str) -> None:
+    """Every event of `part` the same `error: …` reason: not checked."""
     for _, done in part:
-        try:
-            done(verdict)
-        except Exception:
-            log.exception("verdict callback failed")
+        _call(done, verdict)
+
+
+def _call(done: Done, verdict: Verdict) -> None:
+    try:
+        done(verdict)
+    except Exception:  # one answer's failure must not leave the others unanswered
+        log.exception("verdict callback failed")

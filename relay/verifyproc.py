@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from engram.nip01 import Event, signature_valid_hex, signature_valid_parts
-from relay.verifier import CHECK_FAILED, SHUTTING_DOWN, Done, Verdict
+from relay.verifier import CHECK_FAILED, SHUTTING_DOWN, Done, answer, deliver
 
 log = logging.getLogger("engram.verifier")
 
@@ -116,21 +116,18 @@ class ProcessVerifier:
             if conn is None and not self._inline:
                 conn = self._start()
             if conn is None:  # no worker: checked here, still every one
-                _deliver(batch, [signature_valid_hex(e) for e, _ in batch])
+                deliver(batch, [signature_valid_hex(e) for e, _ in batch])
                 continue
             payload = "".join([e.pubkey + e.sig + e.id for e, _ in batch]).encode("ascii")
             try:
                 conn.send_bytes(payload)
             except OSError as exc:
                 self._failed(f"unreachable ({exc})")
-                _answer(batch, CHECK_FAILED)
+                answer(batch, CHECK_FAILED)
                 continue
             self._sent.append(batch)
             if self._deadline is None:
-                assert self._loop is not None
-                self._deadline = self._loop.call_later(
-                    self._deadline_seconds, self._missed_deadline
-                )
+                self._arm_deadline()
 
     def _start(self) -> Connection | None:
         """Start the worker (forkserver: a fork of a clean server process, never of the
@@ -183,10 +180,14 @@ class ProcessVerifier:
             self._deadline.cancel()
             self._deadline = None
         if self._sent:
-            assert self._loop is not None
-            self._deadline = self._loop.call_later(self._deadline_seconds, self._missed_deadline)
-        _deliver(batch, [b == 1 for b in data])
+            self._arm_deadline()
+        deliver(batch, [b == 1 for b in data])
         self._send()
+
+    def _arm_deadline(self) -> None:
+        """The deadline of the oldest batch in the worker, from now."""
+        assert self._loop is not None
+        self._deadline = self._loop.call_later(self._deadline_seconds, self._missed_deadline)
 
     def _missed_deadline(self) -> None:
         self._deadline = None
@@ -208,7 +209,7 @@ class ProcessVerifier:
         if proc is not None and proc.is_alive():
             proc.kill()
         for batch in sent:
-            _answer(batch, CHECK_FAILED)
+            answer(batch, CHECK_FAILED)
 
     def close(self) -> None:
         """Shutting down: every event not verified yet is answered `SHUTTING_DOWN`, and
@@ -218,21 +219,4 @@ class ProcessVerifier:
         waiting, self._pending = self._pending, []
         self._stop_worker()
         for batch in [*sent, waiting]:
-            _answer(batch, SHUTTING_DOWN)
-
-
-def _deliver(batch: list[tuple[Event, Done]], verdicts: list[bool]) -> None:
-    for (_, done), ok in zip(batch, verdicts, strict=True):
-        _call(done, ok)
-
-
-def _answer(batch: list[tuple[Event, Done]], verdict: str) -> None:
-    for _, done in batch:
-        _call(done, verdict)
-
-
-def _call(done: Done, verdict: Verdict) -> None:
-    try:
-        done(verdict)
-    except Exception:  # one answer's failure must not leave the others unanswered
-        log.exception("verdict callback failed")
+            answer(batch, SHUTTING_DOWN)
