@@ -52,33 +52,42 @@ def rows_touched(plan: dict[str, Any]) -> int:
     return total
 
 
+async def seed(
+    url: str, insert: str, *args: Any, then: str = "ANALYZE events; ANALYZE event_tags"
+) -> None:
+    """Rows made in SQL (`insert`, an INSERT ... SELECT with `args`), then `then`: the
+    statistics autovacuum would gather after such a load."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(insert, *args)
+        await conn.execute(then)
+    finally:
+        await conn.close()
+
+
 @pytest.fixture
 async def skewed(database_url: str) -> AsyncIterator[tuple[PostgresStore, str]]:
     """ROWS rows: `#t common` and the word `spam` on every one; `#t rare` and the word
     `needle` on three; then ANALYZE, as autovacuum would."""
     store = await PostgresStore.open(database_url, Settings())
-    conn = await asyncpg.connect(database_url)
-    try:
-        await conn.execute(
-            """
-            INSERT INTO events (tenant, id, pubkey, created_at, kind, d, owner, tagvals,
-                                content, sig, raw, words)
-            SELECT $1, sha256(int4send(g)), $2, 1700000000 + g, 1, NULL, NULL,
-                   CASE WHEN g % 7000 = 1 THEN ARRAY['t:common', 't:rare', 'e:' || g]
-                        ELSE ARRAY['t:common', 'e:' || g] END,
-                   CASE WHEN g % 7000 = 1 THEN 'spam needle' ELSE 'spam eggs' END,
-                   decode(repeat('00', 64), 'hex'), convert_to('{}', 'UTF8'),
-                   to_tsvector('simple',
-                       CASE WHEN g % 7000 = 1 THEN 'spam needle' ELSE 'spam eggs' END)
-            FROM generate_series(1, $3) g
-            """,
-            TENANT,
-            bytes.fromhex(PK),
-            ROWS,
-        )
-        await conn.execute("ANALYZE events; ANALYZE event_tags")
-    finally:
-        await conn.close()
+    await seed(
+        database_url,
+        """
+        INSERT INTO events (tenant, id, pubkey, created_at, kind, d, owner, tagvals,
+                            content, sig, raw, words)
+        SELECT $1, sha256(int4send(g)), $2, 1700000000 + g, 1, NULL, NULL,
+               CASE WHEN g % 7000 = 1 THEN ARRAY['t:common', 't:rare', 'e:' || g]
+                    ELSE ARRAY['t:common', 'e:' || g] END,
+               CASE WHEN g % 7000 = 1 THEN 'spam needle' ELSE 'spam eggs' END,
+               decode(repeat('00', 64), 'hex'), convert_to('{}', 'UTF8'),
+               to_tsvector('simple',
+                   CASE WHEN g % 7000 = 1 THEN 'spam needle' ELSE 'spam eggs' END)
+        FROM generate_series(1, $3) g
+        """,
+        TENANT,
+        bytes.fromhex(PK),
+        ROWS,
+    )
     yield store, database_url
     await store.close()
 
@@ -296,24 +305,20 @@ async def test_the_engram_head_fetch_never_reads_event_tags(
     engrams carries it) on every fetch."""
     store, url = skewed
     agent = "ab" * 32
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(
-            """
-            INSERT INTO events (tenant, id, pubkey, created_at, kind, d, owner, tagvals,
-                                content, sig, raw)
-            SELECT $1, sha256(int4send(-g)), $2, 1700000000 + g, 30174, 'slug-' || g,
-                   decode($3, 'hex'), ARRAY['d:slug-' || g, 'p:' || $3], '', NULL,
-                   convert_to('{}', 'UTF8')
-            FROM generate_series(1, 5000) g
-            """,
-            TENANT,
-            bytes.fromhex(PK),
-            agent,
-        )
-        await conn.execute("ANALYZE events; ANALYZE event_tags")
-    finally:
-        await conn.close()
+    await seed(
+        url,
+        """
+        INSERT INTO events (tenant, id, pubkey, created_at, kind, d, owner, tagvals,
+                            content, sig, raw)
+        SELECT $1, sha256(int4send(-g)), $2, 1700000000 + g, 30174, 'slug-' || g,
+               decode($3, 'hex'), ARRAY['d:slug-' || g, 'p:' || $3], '', NULL,
+               convert_to('{}', 'UTF8')
+        FROM generate_series(1, 5000) g
+        """,
+        TENANT,
+        bytes.fromhex(PK),
+        agent,
+    )
     f = Filter(kinds=[30174], authors=[PK], tags={"p": [agent], "d": ["slug-77"]})
     built = build_query([f], TENANT, PK, 1_800_000_000)
     assert built is not None

@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 import msgspec
 import pytest
-from test_read_plans import _walk_nodes
+from test_read_plans import _walk_nodes, seed
 
 from engram.nip01 import pubkey_of
 from relay.config import Settings
@@ -32,26 +32,23 @@ async def store(database_url: str) -> AsyncIterator[tuple[PostgresStore, str]]:
     `sparse` on every 1,000th (2 in the window, 20 in all), `filler` on the rest."""
     settings = Settings(search_walk=100, search_window=WINDOW)
     store = await PostgresStore.open(database_url, settings)
-    conn = await asyncpg.connect(database_url)
-    try:
-        await conn.execute(
-            """
-            INSERT INTO events (tenant, id, pubkey, created_at, kind, d, owner, tagvals,
-                                content, sig, raw, words)
-            SELECT $1, sha256(int4send(g)), $2, 1700000000 + g, 1, NULL, NULL, '{}', '',
-                   NULL, convert_to('{"n":' || g || '}', 'UTF8'),
-                   to_tsvector('simple', concat_ws(' ', 'filler',
-                       CASE WHEN g % 50 = 0 THEN 'mid' END,
-                       CASE WHEN g % 1000 = 0 THEN 'sparse' END))
-            FROM generate_series(1, $3) g
-            """,
-            TENANT,
-            bytes.fromhex(PK),
-            ROWS,
-        )
-        await conn.execute("VACUUM ANALYZE events")
-    finally:
-        await conn.close()
+    await seed(
+        database_url,
+        """
+        INSERT INTO events (tenant, id, pubkey, created_at, kind, d, owner, tagvals,
+                            content, sig, raw, words)
+        SELECT $1, sha256(int4send(g)), $2, 1700000000 + g, 1, NULL, NULL, '{}', '',
+               NULL, convert_to('{"n":' || g || '}', 'UTF8'),
+               to_tsvector('simple', concat_ws(' ', 'filler',
+                   CASE WHEN g % 50 = 0 THEN 'mid' END,
+                   CASE WHEN g % 1000 = 0 THEN 'sparse' END))
+        FROM generate_series(1, $3) g
+        """,
+        TENANT,
+        bytes.fromhex(PK),
+        ROWS,
+        then="VACUUM ANALYZE events",
+    )
     yield store, database_url
     await store.close()
 
