@@ -260,14 +260,15 @@ class Relay:
             return
         if not fanout.is_current(sub):
             return  # closed or replaced while the query ran
-        for raw in rows:
-            if not fanout.is_current(sub):  # closed meanwhile (CLOSE, or live overflow)
+        # Handed over without a pause while the connection takes them; only an await
+        # (a full queue) lets a CLOSE or a live overflow end the subscription meanwhile.
+        frames = [wire.event_frame(sub.prefix, raw) for raw in rows]
+        i = session.offer_all(frames)
+        while i < len(frames):
+            await session.send_wait(frames[i])
+            if not fanout.is_current(sub):
                 return
-            frame = wire.event_frame(sub.prefix, raw)
-            if not session.offer(frame):
-                await session.send_wait(frame)
-        if not fanout.is_current(sub):
-            return
+            i = session.offer_all(frames, i + 1)
         metrics.req_done(tenant.key, started)
         session.send(wire.eose(sub_id))
         # ids of what was sent only if something was published meanwhile (rarely)

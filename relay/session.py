@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 class Session:
     __slots__ = (
         "_offer",
+        "_offer_all",
         "_send",
         "_send_wait",
         "admitted",
@@ -47,6 +48,8 @@ class Session:
         tenant: Tenant,
         ip: str = "",
         allowance: ConnectionAllowance | None = None,
+        *,
+        offer_all: Callable[[list[bytes], int], int] | None = None,
     ) -> None:
         self.challenge = challenge
         self.host = host
@@ -64,6 +67,7 @@ class Session:
         self._send = send
         self._send_wait = send_wait
         self._offer = offer
+        self._offer_all = offer_all or _offer_each(offer)
 
     def event_started(self) -> None:
         self.in_flight += 1
@@ -82,7 +86,24 @@ class Session:
         """Bulk output without awaiting, when there is room; False: await `send_wait`."""
         return self.closed or self._offer(frame)
 
+    def offer_all(self, frames: list[bytes], start: int = 0) -> int:
+        """`offer` for `frames[start:]`: the index of the first frame not taken (await
+        `send_wait` for it), len(frames) once all were."""
+        return len(frames) if self.closed else self._offer_all(frames, start)
+
     async def send_wait(self, frame: bytes) -> None:
         """Waits for queue room: bulk stored results must not look like a slow reader."""
         if not self.closed:
             await self._send_wait(frame)
+
+
+def _offer_each(offer: Callable[[bytes], bool]) -> Callable[[list[bytes], int], int]:
+    """`offer_all` for a transport that offers frames one at a time."""
+
+    def offer_all(frames: list[bytes], start: int) -> int:
+        for i in range(start, len(frames)):
+            if not offer(frames[i]):
+                return i
+        return len(frames)
+
+    return offer_all

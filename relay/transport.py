@@ -66,6 +66,21 @@ class Connection(OutputQueue):
         self.send(frame)
         return True
 
+    def offer_all(self, frames: list[bytes], start: int = 0) -> int:
+        """`offer` for `frames[start:]`: the index of the first one not taken (the caller
+        awaits `send_wait` for it), len(frames) once all are. Frames the socket takes now
+        go in one call to the server's direct path."""
+        direct = self.direct
+        i = start
+        if direct is not None and not self.frames and not self.sending and self.dropped is None:
+            i = direct.send_texts_now(frames, i)
+        end = len(frames)
+        while i < end:
+            if not self.offer(frames[i]):
+                return i
+            i += 1
+        return end
+
     async def send_wait(self, frame: bytes) -> None:
         """Queue a frame, waiting for room: stored REQ results use backpressure, not drops."""
         while not self.offer(frame):
@@ -131,6 +146,7 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
         tenant,
         ip,
         allowance,
+        offer_all=conn.offer_all,
     )
     allowance.address.sessions.add(session)
     writer = asyncio.create_task(conn.writer())

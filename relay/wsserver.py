@@ -277,6 +277,28 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
         out.append(payload)
         self._out_bytes += len(payload)
 
+    def send_texts_now(self, payloads: list[bytes], start: int) -> int:
+        """`send_text_now` for `payloads[start:]` as far as `can_send` would take them one
+        by one (each while this iteration's output stays under DIRECT_MAX): returns the
+        index of the first one left to the caller. A REQ's stored results in one call."""
+        end = len(payloads)
+        if start >= end or not self.can_send():
+            return start
+        room = DIRECT_MAX - self._out_bytes - self.transport.get_write_buffer_size()
+        out = self._out
+        if not out:
+            _corker.add(self)
+        i = start
+        written = 0
+        while i < end and written < room:
+            payload = payloads[i]
+            out.append(text_frame_header(len(payload)))
+            out.append(payload)
+            written += len(payload)
+            i += 1
+        self._out_bytes += written
+        return i
+
     def abort(self) -> None:
         """Cut the connection now, discarding unsent output (a reader that stopped)."""
         self._out, self._out_bytes = [], 0

@@ -286,6 +286,31 @@ async def test_eose_then_live_then_close(shared_relay):
         assert await sub.until_probe(probe.id) == []  # the probe alone: nothing on "live"
 
 
+async def test_stored_results_past_every_send_window_arrive_whole(shared_relay):
+    """A REQ's stored events go out in one hand-over while the socket takes them, the
+    rest through the connection's queue and its backpressure: with 2.4 MB of results
+    (past the 64 KiB direct window and the 1 MiB backpressure mark) every event arrives
+    once, newest first, then EOSE, then live events as usual."""
+    sk = key(32)
+    pk = pubkey_of(sk)
+    now = int(time.time())
+    stored = [
+        ev(sk, content=f"{i:04d}" + "x" * 8_000, created_at=now - 300 + i) for i in range(300)
+    ]
+    async with (
+        await Client.connect(shared_relay.url) as sub,
+        await Client.connect(shared_relay.url) as pubr,
+    ):
+        oks = await pubr.publish_many(stored)
+        assert all(ok[2] for ok in oks.values())
+        events, end = await sub.req("big", {"authors": [pk], "limit": 300})
+        assert end == ["EOSE", "big"]
+        assert [x["id"] for x in events] == [e.id for e in reversed(stored)]
+        fresh = ev(sk, content="after")
+        assert (await pubr.publish(fresh))[2]
+        assert await sub.recv() == ["EVENT", "big", msgspec.to_builtins(fresh)]
+
+
 async def test_ephemeral_delivered_not_stored(shared_relay):
     sk = key(31)
     async with (
