@@ -34,7 +34,7 @@ from relay.config import Settings
 from relay.store import SaveStatus
 from relay.store import sql as q
 from relay.store.embedded import quote_ident, start_server, with_database
-from relay.store.postgres import PostgresStore, _columns, _Pending
+from relay.store.postgres import PostgresStore, _Pending
 from relay.store.sql import encode_row
 
 _COPY_COLUMNS = "tenant, id, pubkey, created_at, kind, d, owner, tagvals, content, raw, expires_at"
@@ -60,7 +60,7 @@ class CopyStore(PostgresStore):
 
     async def _insert(self, conn: Any, sql: str, rows: list[_Pending]) -> set[tuple[str, bytes]]:
         await conn.execute(_TEMP)
-        records = list(zip(*_columns(rows), strict=True))
+        records = [(p.tenant, *p.row) for p in rows]
         await conn.copy_records_to_table(
             "events_in", records=records, columns=_COPY_COLUMNS.split(", ")
         )

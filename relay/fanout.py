@@ -163,6 +163,8 @@ class FanOut:
     def publish(self, event: Event, raw: bytes, private: frozenset[int] = DEFAULT_PRIVATE) -> int:
         """Deliver to every matching subscription that may see the event (of a `private`
         kind: its author's and recipient's only); returns the number of frames sent."""
+        if not self._subs:  # the common case under ingest: nobody subscribed here
+            return 0
         candidates: set[tuple[int, str]] = set()
         index = self._index
         for key in _event_keys(event):

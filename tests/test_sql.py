@@ -6,6 +6,7 @@ import hashlib
 import re
 from collections.abc import Callable
 
+import msgspec
 import pytest
 
 from engram.nip01 import Event
@@ -169,6 +170,8 @@ def test_encode_row(make_event: Callable[..., Event]) -> None:
         (make_event(sk, kind=20000), "ephemeral"),
         (make_event(sk, kind=2**31), "kind"),
         (make_event(sk, created_at=2**63), "created_at"),
+        (msgspec.structs.replace(note, id="zz" * 32), "hex"),
+        (msgspec.structs.replace(note, pubkey="ab" * 31), "hex"),
     ):
         with pytest.raises(sql.RowError, match=why):
             sql.encode_row(bad, b"")
