@@ -7,6 +7,7 @@ connection), `send_wait` (await room in the connection's bounded queue) and `off
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +68,7 @@ class Session:
         self._send = send
         self._send_wait = send_wait
         self._offer = offer
-        self._offer_all = offer_all or _offer_each(offer)
+        self._offer_all = offer_all or functools.partial(offer_each, offer)
 
     def event_started(self) -> None:
         self.in_flight += 1
@@ -97,13 +98,10 @@ class Session:
             await self._send_wait(frame)
 
 
-def _offer_each(offer: Callable[[bytes], bool]) -> Callable[[list[bytes], int], int]:
-    """`offer_all` for a transport that offers frames one at a time."""
-
-    def offer_all(frames: list[bytes], start: int) -> int:
-        for i in range(start, len(frames)):
-            if not offer(frames[i]):
-                return i
-        return len(frames)
-
-    return offer_all
+def offer_each(offer: Callable[[bytes], bool], frames: list[bytes], start: int) -> int:
+    """`offer_all` by one `offer` per frame: the index of the first frame not taken,
+    len(frames) once all were."""
+    for i in range(start, len(frames)):
+        if not offer(frames[i]):
+            return i
+    return len(frames)

@@ -23,7 +23,7 @@ from starlette.websockets import WebSocket
 from relay import metrics, wire
 from relay.pipeline import Relay
 from relay.sendqueue import OutputBudget, OutputQueue, budget_for
-from relay.session import Session
+from relay.session import Session, offer_each
 from relay.tenants import Tenant
 from relay.wire import Reason
 
@@ -74,12 +74,7 @@ class Connection(OutputQueue):
         i = start
         if direct is not None and not self.frames and not self.sending and self.dropped is None:
             i = direct.send_texts_now(frames, i)
-        end = len(frames)
-        while i < end:
-            if not self.offer(frames[i]):
-                return i
-            i += 1
-        return end
+        return offer_each(self.offer, frames, i)
 
     async def send_wait(self, frame: bytes) -> None:
         """Queue a frame, waiting for room: stored REQ results use backpressure, not drops."""

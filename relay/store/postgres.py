@@ -109,11 +109,8 @@ def _columns(batch: list[_Pending]) -> list[list[Any]]:
     n = len(batch)
     columns: list[list[Any]] = [[p.tenant for p in batch]]
     for i, c in enumerate(zip(*(p.row for p in batch), strict=True)):
-        columns.append([] if i in _NULLABLE and c.count(None) == n else list(c))
+        columns.append([] if i in q.ROW_NULLABLE and c.count(None) == n else list(c))
     return columns
-
-
-_NULLABLE = frozenset({4, 5, 9})  # Row: d, owner, expires_at
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:

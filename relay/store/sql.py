@@ -260,6 +260,7 @@ def pg_text_array(values: list[str]) -> str:
 
 # (id, pubkey, created_at, kind, d, owner, tagvals literal, content, raw, expires_at)
 Row = tuple[bytes, bytes, int, int, str | None, bytes | None, str, str, bytes, int | None]
+ROW_NULLABLE = frozenset({4, 5, 9})  # the Row fields that may be None: d, owner, expires_at
 
 
 def deletion_targets(event: Event) -> tuple[list[bytes], list[tuple[int, str]]]:
