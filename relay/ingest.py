@@ -90,21 +90,19 @@ class Ingest:
         if not counted:
             session.event_started()
         raw = wire.encode_event(event)
-        self.store.submit(event, raw, tenant.key).add_done_callback(
-            lambda done: self._committed(session, tenant, event, raw, done)
+        self.store.enqueue(
+            event,
+            raw,
+            tenant.key,
+            lambda result: self._committed(session, tenant, event, raw, result),
         )
         return None
 
     def _committed(
-        self,
-        session: Session,
-        tenant: Tenant,
-        event: Event,
-        raw: bytes,
-        done: asyncio.Future[SaveResult],
+        self, session: Session, tenant: Tenant, event: Event, raw: bytes, result: SaveResult
     ) -> None:
         session.event_done()
-        accepted, message = self.outcome(tenant, event, raw, done.result())
+        accepted, message = self.outcome(tenant, event, raw, result)
         self.answer(session, tenant, event, accepted, message)
 
     @staticmethod

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit, urlunsplit
@@ -28,7 +29,7 @@ from engram.nip01 import Event, pubkey_of
 from engram.readers import parties
 from relay.config import KIND_ENGRAM, Settings
 from relay.filters import Filter, matches, matches_any
-from relay.store import DEFAULT_TENANT, SaveStatus, StoreError
+from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError
 from relay.store.migrate import apply_migrations, migration_files, migration_status
 from relay.store.postgres import PostgresStore
 from relay.store.sql import build_count, build_query, encode_row
@@ -137,6 +138,39 @@ async def test_group_commit_batches(database_url: str, make_event: MakeEvent) ->
             assert least <= xacts <= most, (batch_max, xacts)
         finally:
             await store.close()
+
+
+async def test_enqueue_answers_each_event_once_even_when_a_callback_raises(
+    store: PostgresStore, make_event: MakeEvent
+) -> None:
+    """`enqueue` (the relay's EVENT path): every callback runs once, after the commit,
+    and one that raises neither silences the rest of its batch nor stops the writer."""
+    t = tenant()
+    events = [make_event(SK[0], content=f"cb{i}") for i in range(40)]
+    answers: Counter[str] = Counter()
+    results: dict[str, SaveStatus] = {}
+    all_answered = asyncio.Event()
+
+    def done_for(ev: Event, i: int) -> Callable[[SaveResult], None]:
+        def done(result: SaveResult) -> None:
+            answers[ev.id] += 1
+            results[ev.id] = result.status
+            if len(answers) == len(events):
+                all_answered.set()
+            if i % 7 == 3:
+                raise RuntimeError("a caller's bug")
+
+        return done
+
+    for i, ev in enumerate(events):  # one loop iteration: the same batch
+        store.enqueue(ev, raw(ev), t, done_for(ev, i))
+    await asyncio.wait_for(all_answered.wait(), 30)
+    assert answers == Counter({e.id: 1 for e in events})
+    assert set(results.values()) == {STORED}
+    later = make_event(SK[0], content="after the bad callbacks")
+    assert await put(store, later, t) is STORED  # the writer still runs
+    await asyncio.sleep(0.05)
+    assert answers == Counter({e.id: 1 for e in events})  # nothing answered twice
 
 
 async def test_regular_events_all_kept(store: PostgresStore, make_event: MakeEvent) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable
 from typing import Protocol
 
 import msgspec
@@ -37,6 +38,15 @@ class SaveResult(msgspec.Struct, frozen=True):
     message: str = ""
 
 
+Saved = Callable[[SaveResult], None]  # told an event's outcome once its batch committed
+
+
+def resolve(future: asyncio.Future[SaveResult], result: SaveResult) -> None:
+    """A `Saved` callback for callers that want a future (`submit`)."""
+    if not future.done():
+        future.set_result(result)
+
+
 class EventStore(Protocol):
     async def save(self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT) -> SaveResult:
         """Store durably; returns only after the transaction holding the event committed."""
@@ -45,7 +55,14 @@ class EventStore(Protocol):
     def submit(
         self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT
     ) -> asyncio.Future[SaveResult]:
-        """`save` as a future (resolved after the commit), for callback-driven callers."""
+        """`save` as a future (resolved after the commit)."""
+        ...
+
+    def enqueue(self, event: Event, raw: bytes, tenant: str, done: Saved) -> None:
+        """`save` without a future: `done(result)` runs on the loop, exactly once, when the
+        event's batch has committed (or could not be). The relay's EVENT path uses it: a
+        future per EVENT, its callback scheduled through the loop, cost ~3 us an event
+        (bench/RESULTS.md, issue 24, fifth round)."""
         ...
 
     async def query(

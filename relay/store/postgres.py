@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
 import uuid
@@ -25,7 +26,16 @@ from relay import metrics
 from relay.config import DEFAULT_PRIVATE, Settings
 from relay.filters import Filter
 from relay.moderation import Moderation
-from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError, moderation, tenants
+from relay.store import (
+    DEFAULT_TENANT,
+    Saved,
+    SaveResult,
+    SaveStatus,
+    StoreError,
+    moderation,
+    resolve,
+    tenants,
+)
 from relay.store import sql as q
 from relay.store.migrate import apply_migrations, migration_status
 from relay.store.readbatch import ReadBatcher
@@ -69,16 +79,25 @@ DeletionTargets = tuple[list[bytes], list[tuple[int, str]]]
 
 
 class _Pending:
-    __slots__ = ("deletes", "future", "row", "tenant")
+    __slots__ = ("deletes", "done", "row", "tenant")
 
     def __init__(
         self,
         tenant: str,
         row: Row,
-        future: asyncio.Future[SaveResult],
+        done: Saved | None,
         deletes: DeletionTargets | None = None,
     ) -> None:
-        self.tenant, self.row, self.future, self.deletes = tenant, row, future, deletes
+        self.tenant, self.row, self.done, self.deletes = tenant, row, done, deletes
+
+    def answer(self, result: SaveResult) -> None:
+        """Tell the caller its outcome: the first answer counts, later ones are dropped."""
+        done, self.done = self.done, None
+        if done is not None:
+            try:
+                done(result)
+            except Exception:  # one caller's failure must not leave the batch unanswered
+                log.exception("save callback failed")
 
     @property
     def vanish(self) -> bool:
@@ -213,24 +232,28 @@ class PostgresStore:
     def submit(
         self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT
     ) -> asyncio.Future[SaveResult]:
-        """`save` without a coroutine: the future resolves after the commit. The relay's
-        EVENT path uses it with a callback, so an event costs no asyncio task."""
+        """`save` without a coroutine: the future resolves after the commit."""
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[SaveResult] = loop.create_future()
+        self.enqueue(event, raw, tenant, functools.partial(resolve, future))
+        return future
+
+    def enqueue(self, event: Event, raw: bytes, tenant: str, done: Saved) -> None:
+        """`done(result)` after the batch holding the event commits (EventStore.enqueue);
+        at once when the store is closing or the event cannot be a row."""
         if self._closing:
-            future.set_result(CLOSED)
-            return future
+            done(CLOSED)
+            return
         try:
             row = encode_row(event, raw, self._search_kinds)
         except RowError as exc:
-            future.set_result(SaveResult(SaveStatus.ERROR, str(exc)))
-            return future
+            done(SaveResult(SaveStatus.ERROR, str(exc)))
+            return
         deletes = q.deletion_targets(event) if event.kind == q.KIND_DELETION else None
-        self._pending.append(_Pending(tenant, row, future, deletes))
+        self._pending.append(_Pending(tenant, row, done, deletes))
         self._wakeup.set()
-        return future
 
     async def _run_writer(self) -> None:
         while True:
@@ -261,8 +284,7 @@ class PostgresStore:
             if any(r.status is SaveStatus.STORED for r in results):
                 self._wake_nodes()
             for p, result in zip(batch, results, strict=True):
-                if not p.future.done():
-                    p.future.set_result(result)
+                p.answer(result)
 
     def _wake_nodes(self) -> None:
         """Tell other nodes (relay.store.pgbus) that rows were stored: a NOTIFY in its own
@@ -298,14 +320,12 @@ class PostgresStore:
             if self.replicas is not None:
                 self.replicas.position_unknown(_reason(exc))
             for p, result in zip(batch, results, strict=True):
-                if not p.future.done():
-                    p.future.set_result(result)
+                p.answer(result)
         if results is None or not isinstance(exc, Exception):
             stopped = not isinstance(exc, Exception)
             fail = CLOSED if stopped else SaveResult(SaveStatus.ERROR, f"error: {_reason(exc)}")
             for p in (*batch, *self._pending):
-                if not p.future.done():
-                    p.future.set_result(fail)
+                p.answer(fail)
 
     async def analyze(self) -> None:
         """Planner statistics now, after a bulk load (`engram import`).

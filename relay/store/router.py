@@ -27,7 +27,7 @@ from relay.bus import Deliver
 from relay.config import DEFAULT_PRIVATE, Settings
 from relay.filters import Filter
 from relay.moderation import Moderation
-from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError
+from relay.store import DEFAULT_TENANT, Saved, SaveResult, SaveStatus, StoreError
 from relay.store.pgbus import PostgresBus
 from relay.store.postgres import PostgresStore
 from relay.tenants import TenantConfig
@@ -82,6 +82,13 @@ class StoreRouter:
             future.set_result(SaveResult(SaveStatus.ERROR, UNAVAILABLE))
             return future
         return store.submit(event, raw, tenant)
+
+    def enqueue(self, event: Event, raw: bytes, tenant: str, done: Saved) -> None:
+        store = self.store_for(tenant)
+        if store is None:
+            done(SaveResult(SaveStatus.ERROR, UNAVAILABLE))
+            return
+        store.enqueue(event, raw, tenant, done)
 
     async def query(
         self,
