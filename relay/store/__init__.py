@@ -41,10 +41,18 @@ class SaveResult(msgspec.Struct, frozen=True):
 Saved = Callable[[SaveResult], None]  # told an event's outcome once its batch committed
 
 
-def resolve(future: asyncio.Future[SaveResult], result: SaveResult) -> None:
-    """A `Saved` callback for callers that want a future (`submit`)."""
-    if not future.done():
-        future.set_result(result)
+def submit_to(
+    enqueue: Callable[[Event, bytes, str, Saved], None], event: Event, raw: bytes, tenant: str
+) -> asyncio.Future[SaveResult]:
+    """`EventStore.submit` by its `enqueue`: a future resolved by the `Saved` callback."""
+    future: asyncio.Future[SaveResult] = asyncio.get_running_loop().create_future()
+
+    def done(result: SaveResult) -> None:
+        if not future.done():
+            future.set_result(result)
+
+    enqueue(event, raw, tenant, done)
+    return future
 
 
 class EventStore(Protocol):

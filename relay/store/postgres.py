@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import logging
 import time
 import uuid
@@ -33,7 +32,7 @@ from relay.store import (
     SaveStatus,
     StoreError,
     moderation,
-    resolve,
+    submit_to,
     tenants,
 )
 from relay.store import sql as q
@@ -158,9 +157,6 @@ class PostgresStore:
         self.node_id = uuid.uuid4().hex  # `origin` of the rows this process stores
         self.bus_held_back = False  # set by bus_read (relay.store.pgbus reports it)
         self._pending: collections.deque[_Pending] = collections.deque()
-        # The loop the writers run on, taken once: asyncio.get_running_loop() makes a
-        # getpid() system call on every call, ~4 % of the relay's CPU per EVENT here.
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup = asyncio.Event()
         self._closing = False
         self._writers: list[asyncio.Task[None]] = []
@@ -233,12 +229,7 @@ class PostgresStore:
         self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT
     ) -> asyncio.Future[SaveResult]:
         """`save` without a coroutine: the future resolves after the commit."""
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        future: asyncio.Future[SaveResult] = loop.create_future()
-        self.enqueue(event, raw, tenant, functools.partial(resolve, future))
-        return future
+        return submit_to(self.enqueue, event, raw, tenant)
 
     def enqueue(self, event: Event, raw: bytes, tenant: str, done: Saved) -> None:
         """`done(result)` after the batch holding the event commits (EventStore.enqueue);

@@ -27,7 +27,7 @@ from relay.bus import Deliver
 from relay.config import DEFAULT_PRIVATE, Settings
 from relay.filters import Filter
 from relay.moderation import Moderation
-from relay.store import DEFAULT_TENANT, Saved, SaveResult, SaveStatus, StoreError
+from relay.store import DEFAULT_TENANT, Saved, SaveResult, SaveStatus, StoreError, submit_to
 from relay.store.pgbus import PostgresBus
 from relay.store.postgres import PostgresStore
 from relay.tenants import TenantConfig
@@ -76,12 +76,7 @@ class StoreRouter:
     def submit(
         self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT
     ) -> asyncio.Future[SaveResult]:
-        store = self.store_for(tenant)
-        if store is None:
-            future: asyncio.Future[SaveResult] = asyncio.get_running_loop().create_future()
-            future.set_result(SaveResult(SaveStatus.ERROR, UNAVAILABLE))
-            return future
-        return store.submit(event, raw, tenant)
+        return submit_to(self.enqueue, event, raw, tenant)
 
     def enqueue(self, event: Event, raw: bytes, tenant: str, done: Saved) -> None:
         store = self.store_for(tenant)
