@@ -115,7 +115,30 @@ def launch_relay(
     scheme: str = "ws",
     port: int | None = None,
 ) -> RelayProcess:
-    port = port or free_port()
+    """Start `engram serve` and wait until it answers. A port picked here can be taken
+    (by another test's outgoing connection) before the relay binds it: then a new one."""
+    attempts = 1 if port else 5
+    for attempt in range(attempts):
+        try:
+            return _launch(database_url, tmp_dir, env, args, scheme, port or free_port())
+        except _PortTaken:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(RuntimeError):
+    pass
+
+
+def _launch(
+    database_url: str,
+    tmp_dir: str,
+    env: dict[str, str] | None,
+    args: tuple[str, ...],
+    scheme: str,
+    port: int,
+) -> RelayProcess:
     log_path = os.path.join(tmp_dir, f"relay-{port}.log")
     full_env = {**os.environ, **(env or {})}
     full_env.pop("ENGRAM_CONFIG", None)
@@ -135,6 +158,11 @@ def launch_relay(
     rp = RelayProcess(proc, port, database_url, scheme, log_path, env or {})
     try:
         _wait_ready(rp)
+    except RuntimeError as exc:
+        rp.stop()
+        if "address already in use" in str(exc).lower():
+            raise _PortTaken(str(exc)) from exc
+        raise
     except BaseException:
         rp.stop()
         raise

@@ -258,9 +258,9 @@ async def test_a_relay_that_accepts_and_never_answers_is_named_exit_2(start_rela
     await publish(real.url, sets()[0][:5])
     async with stalling_relays() as stalled:
         for url in stalled:
-            for args in (
-                ("--from", url, "--to", real.url, "--step-timeout", "1"),
-                ("--from", real.url, "--to", url, "--step-timeout", "1"),
+            for args in (  # steps long enough for the real relay's, on a loaded machine
+                ("--from", url, "--to", real.url, "--step-timeout", "3"),
+                ("--from", real.url, "--to", url, "--step-timeout", "3"),
                 ("--from", url, "--to", real.url, "--timeout", "3"),  # the run's deadline
             ):
                 done = await engram_async("sync", *args, "--json", env=clean_env())
@@ -278,7 +278,7 @@ async def test_a_stall_while_copying_says_the_sync_is_not_complete(start_relay) 
     await publish(src.url, events)
     async with ok_dropping_proxy(dst.url) as mute:
         done = await engram_async(
-            "sync", "--from", src.url, "--to", mute, "--step-timeout", "2", env=clean_env()
+            "sync", "--from", src.url, "--to", mute, "--step-timeout", "5", env=clean_env()
         )
     err = done.stderr.decode()
     assert done.returncode == 2, err

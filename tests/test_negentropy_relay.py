@@ -212,15 +212,15 @@ async def test_sets_keep_tenants_apart_and_leave_out_deleted_and_expired(start_r
     now = int(time.time())
     kept, gone = event(1, now - 10), event(2, now - 9)
     deletion = sign_event(KEY_A, now - 5, 5, [["e", gone.id]], "", bytes(32))
-    # expires 5 s ahead: still live when published, even if a loaded machine is slow to connect
-    expiring = sign_event(KEY_A, now - 8, 1, [["expiration", str(now + 5)]], "soon", bytes(32))
+    # expires 12 s ahead: still live when published, even if a loaded machine is slow
+    expiring = sign_event(KEY_A, now - 8, 1, [["expiration", str(now + 12)]], "soon", bytes(32))
     elsewhere = event(3, now - 7, KEY_B)
     async with await connect(rp.port, "a.test") as c:
         for e in (kept, gone, expiring, deletion):
             assert (await c.publish(e))[2]
     async with await connect(rp.port, "b.test") as c:
         assert (await c.publish(elsewhere))[2]
-    wait_for(lambda: time.time() > now + 6)  # the expiration has passed
+    wait_for(lambda: time.time() > now + 13)  # the expiration has passed
     async with await connect(rp.port, "a.test") as c:
         _, need, _ = await reconcile(c, Items.from_pairs([]), {})
         assert need == {kept.id, deletion.id}

@@ -463,7 +463,7 @@ async def test_nip11_document(shared_relay):
 
 
 async def test_slow_consumer_is_disconnected_others_unaffected(start_relay):
-    relay = start_relay(env={"ENGRAM_SLOW_CONSUMER_SECONDS": "2"})
+    relay = start_relay(env={"ENGRAM_SLOW_CONSUMER_SECONDS": "5"})
     sk = key(80)
     flt = {"authors": [pubkey_of(sk)]}
     slow = raw_ws(relay.port)
@@ -472,15 +472,23 @@ async def test_slow_consumer_is_disconnected_others_unaffected(start_relay):
         _, end = await fast.req("f", flt)
         assert end[0] == "EOSE"
         n_events, size = 1_500, 20_000  # ~30 MB: far beyond socket buffers
-        got = 0
-        for chunk in range(0, n_events, 100):
-            batch = [ev(sk, content=f"{i:05d}" + "z" * size) for i in range(chunk, chunk + 100)]
-            await w.publish_many(batch)
-            while got < chunk + 100:  # the healthy subscriber keeps up with everything
+
+        async def keep_reading() -> int:
+            """The healthy subscriber reads all along, as a real client does (not only
+            between batches: while a batch is published, its socket must keep draining)."""
+            got = 0
+            while got < n_events:
                 msg = await fast.recv()
                 assert msg[0] == "EVENT"
                 got += 1
-        # the stalled one is dropped once its queue has not shrunk for 2 s...
+            return got
+
+        reading = asyncio.create_task(keep_reading())
+        for chunk in range(0, n_events, 100):
+            batch = [ev(sk, content=f"{i:05d}" + "z" * size) for i in range(chunk, chunk + 100)]
+            await w.publish_many(batch)
+        assert await reading == n_events  # the healthy subscriber got everything
+        # the stalled one is dropped once its queue has not shrunk for 5 s...
         deadline = time.monotonic() + 120
         while metric(relay.port, "engram_slow_consumers_total") < 1:
             assert time.monotonic() < deadline, "the stalled subscriber was never dropped"

@@ -165,7 +165,7 @@ async def test_reader_that_keeps_reading_through_32mib_gets_everything(start_rel
 
 @pytest.mark.parametrize("size", [16_000, 500], ids=["16KB", "500B"])
 async def test_stopped_reader_is_dropped_others_get_everything(start_relay, size):
-    rp = start_relay(env={"ENGRAM_SLOW_CONSUMER_SECONDS": "2"})
+    rp = start_relay(env={"ENGRAM_SLOW_CONSUMER_SECONDS": "5"})
     sk = key(3 if size > 1000 else 4)
     flt = {"authors": [pubkey_of(sk)]}
     n = math.ceil(12 * MIB / frame_size(events(sk, 1, size)[0], "stopped"))

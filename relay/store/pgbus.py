@@ -33,6 +33,17 @@ log = logging.getLogger("relay.bus")
 EPHEMERAL_CHANNEL = "engram_ephemeral"
 NOTIFY_PAYLOAD_MAX = 7_999  # PostgreSQL refuses 8000 bytes and more
 _RECONNECT_MAX = 5.0
+_HELD_RETRY = 0.02  # first re-read after a held-back one (s); doubles up to the poll
+
+
+def _retry_after(last: float | None, poll: float) -> float:
+    """The wait before re-reading a tail that a running transaction held back.
+
+    Its end sends no NOTIFY, and any transaction in the cluster that began before a
+    commit holds that commit back (a busy neighbour's short writes often do): without a
+    re-read, a held event would wait for the next poll. Backs off to `poll`.
+    """
+    return min(_HELD_RETRY if last is None else last * 2, poll)
 
 
 class PostgresBus:
@@ -70,14 +81,17 @@ class PostgresBus:
     async def run(self, deliver: Deliver) -> None:
         position = self._start if self._start is not None else await self._position()
         listener = asyncio.create_task(self._listen(deliver))
+        retry: float | None = None  # set while reads are held back
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll)
+                    await asyncio.wait_for(self._wake.wait(), retry or self.poll)
                 self._wake.clear()
                 try:
                     position, rows = await self.store.bus_read(position)
-                    self._note_held(self.store.bus_held_back)
+                    held = self.store.bus_held_back
+                    self._note_held(held)
+                    retry = _retry_after(retry, self.poll) if held else None
                 except StoreError as exc:
                     log.warning("bus read failed (will retry): %s", exc)
                     await asyncio.sleep(self.poll)

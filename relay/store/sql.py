@@ -177,15 +177,17 @@ DELETE_ADDRESSES = (
 )
 
 BUS_XMIN = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text"
-# `held`: committed rows lie beyond the snapshot's xmin, i.e. a transaction still running
-# holds the tail back (a long transaction delays live delivery across nodes; /metrics).
+# `held`: other nodes' committed rows lie beyond the snapshot's xmin, i.e. a transaction
+# still running holds them back (a long transaction delays live delivery across nodes;
+# /metrics; the tail reads again soon, relay.store.pgbus).
 # Rows of other nodes only ($2 is this node's origin): a node's own rows were delivered
 # when it stored them, and reading them back cost PostgreSQL and the relay a copy of
 # every ingested event (a tail runs after every committed batch).
 BUS_TAIL = (
     "WITH snap AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS hi)"
     " SELECT snap.hi::text, e.tenant, e.raw, e.origin,"
-    " EXISTS (SELECT 1 FROM events h WHERE h.xid >= snap.hi) AS held FROM snap"
+    " EXISTS (SELECT 1 FROM events h WHERE h.xid >= snap.hi"
+    " AND h.origin IS DISTINCT FROM $2::text) AS held FROM snap"
     " LEFT JOIN events e ON e.xid >= $1::text::xid8 AND e.xid < snap.hi"
     " AND e.origin IS DISTINCT FROM $2::text"
     " ORDER BY e.xid, e.created_at, e.id"
