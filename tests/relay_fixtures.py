@@ -117,14 +117,10 @@ def launch_relay(
 ) -> RelayProcess:
     """Start `engram serve` and wait until it answers. A port picked here can be taken
     (by another test's outgoing connection) before the relay binds it: then a new one."""
-    attempts = 1 if port else 5
-    for attempt in range(attempts):
-        try:
-            return _launch(database_url, tmp_dir, env, args, scheme, port or free_port())
-        except _PortTaken:
-            if attempt == attempts - 1:
-                raise
-    raise AssertionError("unreachable")
+    for _ in range(0 if port else 4):
+        with contextlib.suppress(_PortTaken):
+            return _launch(database_url, tmp_dir, env, args, scheme, free_port())
+    return _launch(database_url, tmp_dir, env, args, scheme, port or free_port())
 
 
 class _PortTaken(RuntimeError):
@@ -158,13 +154,10 @@ def _launch(
     rp = RelayProcess(proc, port, database_url, scheme, log_path, env or {})
     try:
         _wait_ready(rp)
-    except RuntimeError as exc:
+    except BaseException as exc:
         rp.stop()
-        if "address already in use" in str(exc).lower():
+        if isinstance(exc, RuntimeError) and "address already in use" in str(exc).lower():
             raise _PortTaken(str(exc)) from exc
-        raise
-    except BaseException:
-        rp.stop()
         raise
     return rp
 
