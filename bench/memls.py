@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from bench.peers import Postgres, Running, start_engram
-    from cli.agent_memory import AgentMemory
     from cli.identity import load_identity
+    from cli.memory.api import AgentMemory
     from engram.nip01 import pubkey_of
 
     workdir = Path(tempfile.mkdtemp(prefix="engram-memls-"))

@@ -1,4 +1,4 @@
-"""`engram mcp`: the command. The server itself is `cli.mcp_server`, imported only here at
+"""`engram mcp`: the command. The server itself is `cli.memory.mcp_server`, imported only here at
 run time, so the MCP SDK's import cost is paid by this command alone, not by every
 `engram` invocation (the ACP hook runs `engram mem` often).
 
@@ -79,8 +79,8 @@ def mcp_command(
 
     import anyio
 
-    from cli.agent_memory import AgentMemory
-    from cli.mcp_server import build_server, inner_timeout
+    from cli.memory.api import AgentMemory
+    from cli.memory.mcp_server import build_server, inner_timeout
 
     memory = AgentMemory(ident, relays, timeout=inner_timeout(timeout))
     server = build_server(memory, timeout)

@@ -2,7 +2,7 @@
 
 The command layer only: options, input caps, output formats and the exit-code contract
 (0 ok, 1 bad input or not found, 2 relay/network/timeout, 3 authentication, 4 other,
-5 conflict). Every operation is a call to `cli.agent_memory.AgentMemory`; its errors carry
+5 conflict). Every operation is a call to `cli.memory.api.AgentMemory`; its errors carry
 their exit code. Nothing here prints a key; decrypted text goes only to stdout of `get`,
 `search` (snippets) and `patch --dry-run`.
 """
@@ -20,9 +20,9 @@ import msgspec
 import typer
 from typer.core import TyperGroup
 
-from cli.agent_memory import AgentMemory, RelaySync, SetReport
 from cli.errors import AgentMemoryError, BadInputError, ConflictError
 from cli.identity import load_identity, relay_urls
+from cli.memory.api import AgentMemory, RelaySync, SetReport
 from engram import CORE_SLUG, EngramError
 
 T = TypeVar("T")

@@ -29,8 +29,8 @@ from cli_support import (
 )
 from relay_fixtures import RelayProcess
 
-from cli.acp import Inject, Interceptor, add_system_prompt
-from cli.hook import HEADER, NUDGE, Nothing, Profile
+from cli.memory.acp_proxy import Inject, Interceptor, add_system_prompt
+from cli.memory.hook import HEADER, NUDGE, Nothing, Profile
 from engram import Core, build_event
 
 FIXTURE = str(Path(__file__).with_name("acp_agent_fixture.py"))

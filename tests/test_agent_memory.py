@@ -1,4 +1,4 @@
-"""The Python API (`cli.agent_memory.AgentMemory`) on real relays of ours."""
+"""The Python API (`cli.memory.api.AgentMemory`) on real relays of ours."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import pytest
 from cli_support import Keys, shared_relay
 from relay_fixtures import RelayProcess
 
-from cli.agent_memory import (
+from cli.errors import BadInputError
+from cli.identity import load_identity
+from cli.memory.api import (
     AgentMemory,
     AuthError,
     ConflictError,
@@ -16,8 +18,6 @@ from cli.agent_memory import (
     RelayError,
     sha256_hex,
 )
-from cli.errors import BadInputError
-from cli.identity import load_identity
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""cli/patch.py: strict unified-diff application (no fuzz, no offset, one file, `\\n` only)."""
+"""cli/memory/patch.py: strict unified-diff application (no fuzz, no offset, `\\n` only)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cli.patch import PatchError, apply_patch, split_lines
+from cli.memory.patch import PatchError, apply_patch, split_lines
 
 
 def udiff(old: str, new: str, n: int = 3) -> str:

@@ -286,10 +286,10 @@ def memory_versions(draw):
 @settings(max_examples=40)
 @given(memory_versions(), st.randoms())
 def test_the_clients_checker_and_merge_are_engrams_rule(case, rnd) -> None:
-    """`cli.memory_heads.HeadChecker` (validating lazily, newest first) and merging the
+    """`cli.memory.heads.HeadChecker` (validating lazily, newest first) and merging the
     relays' views (`merge_heads`) give exactly `heads_by_slug` of everything."""
     from cli.identity import Identity
-    from cli.memory_heads import HeadChecker
+    from cli.memory.heads import HeadChecker
 
     events, views = case
     rnd.shuffle(events)

@@ -41,10 +41,10 @@ from bench.peers import (
     free_port,
     wait_ready,
 )
-from cli.agent_memory import AgentMemory
 from cli.client import connect_relay
-from cli.hook import Nothing, Nudge, Profile, fetch_core
 from cli.identity import Identity, load_identity
+from cli.memory.api import AgentMemory
+from cli.memory.hook import Nothing, Nudge, Profile, fetch_core
 from engram import Core, Memory, Tombstone, build_event
 from engram.nip01 import Event, pubkey_of
 from relay.store import DEFAULT_TENANT

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 import msgspec
 
 from cli.identity import Identity
-from cli.memory_results import SKIP_REASONS
+from cli.memory.results import SKIP_REASONS
 from engram import Head, InvalidEngramError, first_valid_heads, validate_and_decrypt
 from engram.nip01 import Event
 

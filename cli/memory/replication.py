@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cli.client import RelayClient
-from cli.memory_results import RelaySync
+from cli.memory.results import RelaySync
 from cli.paging import Fetched, fetch_all
 from cli.peer import Peer, Unsupported
 from cli.reconcile import reconcile_items

@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cli.search import Match
+from cli.memory.search import Match
 from engram import ListingEntry
 
 SKIP_REASONS = {

@@ -24,9 +24,9 @@ from mcp.server.mcpserver.prompts.base import UserMessage
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field, ValidationError
 
-from cli.agent_memory import AgentMemory, CoreRead, SetReport, WriteResult
 from cli.errors import AgentMemoryError
-from cli.hook import HEADER
+from cli.memory.api import AgentMemory, CoreRead, SetReport, WriteResult
+from cli.memory.hook import HEADER
 from engram import EngramError
 
 T = TypeVar("T")

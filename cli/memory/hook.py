@@ -15,8 +15,8 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cli.agent_memory import AgentMemory
 from cli.identity import Identity
+from cli.memory.api import AgentMemory
 
 DEFAULT_HOOK_TIMEOUT = 3.0
 CLOSE_GRACE = 0.25  # past the read's own deadline, for closing connections

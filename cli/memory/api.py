@@ -13,8 +13,8 @@ paged completely are named in each result's `report` (a `SetReport`). Writes pub
 signed event to every relay; they succeed when at least one relay accepts it. Errors are
 `cli.errors` classes, one per CLI exit code, with a stable `code`.
 
-This module is the API only: result types are in `cli.memory_results`, head checking in
-`cli.memory_heads` (over `engram.head`), replication in `cli.memory_replication`.
+This module is the API only: result types are in `cli.memory.results`, head checking in
+`cli.memory.heads` (over `engram.head`), replication in `cli.memory.replication`.
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ from cli.errors import (
     RelayError,
 )
 from cli.identity import Identity
-from cli.memory_heads import HeadChecker, behind
-from cli.memory_replication import reconciled, spread
-from cli.memory_results import (
+from cli.memory.heads import HeadChecker, behind
+from cli.memory.patch import PatchError, apply_patch
+from cli.memory.replication import reconciled, spread
+from cli.memory.results import (
     CoreRead,
     Entry,
     ExportReport,
@@ -56,11 +57,10 @@ from cli.memory_results import (
     WriteResult,
     sha256_hex,
 )
+from cli.memory.search import compile_query, search_heads
 from cli.paging import Fetched, fetch_all
-from cli.patch import PatchError, apply_patch
 from cli.peer import Peer
 from cli.relayset import RelaySession, parse_relays
-from cli.search import compile_query, search_heads
 from engram import (
     CORE_SLUG,
     FUTURE_SKEW_MAX,
@@ -206,7 +206,7 @@ class AgentMemory:
         """Every event of the memory from every relay, validated; heads merged.
 
         Each relay is paged with REQ, or with `negentropy`, reconciled where it serves
-        NIP-77 (`cli.memory_replication.reconciled`)."""
+        NIP-77 (`cli.memory.replication.reconciled`)."""
         limits = await session.max_limits()
         query = self._filter()
         methods: dict[str, str] = {}
