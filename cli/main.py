@@ -17,6 +17,7 @@ from cli.common import ConfigOpt, DatabaseOpt, DataDirOpt, resolve_database_url,
 from cli.mcp import mcp_command
 from cli.mem import mem_app
 from cli.ops import config_app, keygen
+from cli.review import review_command
 from cli.sync import sync_command
 from cli.tenant import tenant_app
 
@@ -34,6 +35,7 @@ app.add_typer(config_app, name="config")
 app.command("acp", context_settings=ACP_CONTEXT_SETTINGS)(acp_command)
 app.command("keygen")(keygen)
 app.command("mcp")(mcp_command)
+app.command("review")(review_command)
 app.command("export")(data.export)
 app.command("import")(data.import_)
 app.command("prune")(data.prune)

@@ -398,6 +398,12 @@ class AgentMemory:
         matches.report = read.report
         return matches
 
+    async def heads(self) -> tuple[dict[str, Head], SetReport]:
+        """Every head across the set (memories, tombstones, core), merged, with the set's
+        report: for a caller that shows the whole memory at once (`engram review`)."""
+        read = await self._everything()
+        return read.merged, read.report
+
     async def _everything(self) -> _Read:
         session = await self._session()
         try:

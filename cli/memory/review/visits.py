@@ -1,0 +1,107 @@
+"""What changed since the owner's last visit, and the mark that remembers the visit.
+
+The mark is one small JSON file per memory `(agent, owner, side)` under the user's data
+directory (`platformdirs`, e.g. ~/.local/share/engram-relay/review/), written 0600 in a
+0700 directory. It holds no decrypted content: each memory is named by its blinded `d`
+tag (the address every relay already sees) with the event id and time of its head.
+
+A visit is one run of `engram review`: the mark read at start is the baseline of the
+changes page for the server's life; the owner moves it on the page ("mark as seen"), and
+when the server stops it is moved to the heads last shown on any page.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from cli.memory.review.snapshot import Row, Snapshot
+
+MARK_VERSION = 1
+
+
+def state_dir() -> Path:
+    with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+        warnings.simplefilter("ignore")
+        import platformdirs
+
+        return Path(platformdirs.user_data_dir("engram-relay")) / "review"
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Heads as last seen: d tag -> (event id, created_at), and when."""
+
+    seen_at: int
+    heads: dict[str, tuple[str, int]]
+
+    @classmethod
+    def of(cls, snapshot: Snapshot, now: int) -> Mark:
+        rows = [*snapshot.live.values(), *([snapshot.core] if snapshot.core else [])]
+        return cls(now, {r.d: (r.event_id, r.created_at) for r in rows})
+
+
+def mark_path(agent: str, owner: str, as_owner: bool, root: Path | None = None) -> Path:
+    side = "owner" if as_owner else "agent"
+    name = hashlib.sha256(f"{agent}:{owner}:{side}".encode()).hexdigest()[:32]
+    return (root or state_dir()) / f"{name}.json"
+
+
+def load(path: Path) -> Mark | None:
+    """The mark, or None when there is none (or it is unreadable: then it starts over)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("version") != MARK_VERSION:
+            return None
+        heads = {str(d): (str(v[0]), int(v[1])) for d, v in data["heads"].items()}
+        return Mark(int(data["seen_at"]), heads)
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
+def save(path: Path, mark: Mark) -> None:
+    """Atomically, 0600 in a 0700 directory."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    data = {
+        "version": MARK_VERSION,
+        "seen_at": mark.seen_at,
+        "heads": {d: list(v) for d, v in sorted(mark.heads.items())},
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str  # "new" | "changed" | "removed"
+    slug: str | None  # None: a head that is gone from every relay, not even a tombstone
+    row: Row | None  # the current head (for removed: its tombstone, when there is one)
+
+
+def changes(snapshot: Snapshot, mark: Mark | None) -> list[Change]:
+    """New and changed memories (newest first), then removed ones, against `mark`."""
+    seen = mark.heads if mark is not None else {}
+    rows = [*snapshot.live.values(), *([snapshot.core] if snapshot.core else [])]
+    out = [
+        Change("new" if r.d not in seen else "changed", r.slug, r)
+        for r in sorted(rows, key=lambda r: (-r.created_at, r.slug))
+        if seen.get(r.d, ("", 0))[0] != r.event_id
+    ]
+    now_live = {r.d for r in rows}
+    tombs = {r.d: r for r in snapshot.removed.values()}
+    for d in sorted(seen):
+        if d not in now_live:
+            row = tombs.get(d)
+            out.append(Change("removed", row.slug if row else None, row))
+    return out

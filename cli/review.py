@@ -1,0 +1,67 @@
+"""`engram review`: the owner's review page for an agent's memory, in a local browser.
+
+The command only: the same key, owner, agent and relay options as `engram mem`, then
+`cli.memory.review.server.serve`. The URL it prints carries the session's token; nothing
+else on stdout. Exit codes as `engram mem`: 1 bad input, 4 anything unexpected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import webbrowser
+from typing import Annotated
+
+import typer
+
+from cli.errors import AgentMemoryError
+from cli.mem import Agent, KeyFile, Owner, Relay, Timeout, fail, memory
+
+DEFAULT_IDLE = 3600.0
+REVIEW_TIMEOUT = 60.0  # a page reads the whole memory: as `engram mem ls`
+
+
+def review_command(
+    relay: Relay = None,
+    owner: Owner = None,
+    key_file: KeyFile = None,
+    agent: Agent = None,
+    timeout: Timeout = REVIEW_TIMEOUT,
+    open_browser: Annotated[
+        bool, typer.Option("--open", help="Also open the URL in the default browser.")
+    ] = False,
+    idle_timeout: Annotated[
+        float,
+        typer.Option(
+            "--idle-timeout",
+            min=0,
+            help="Stop after this many seconds without a request (0: never).",
+        ),
+    ] = DEFAULT_IDLE,
+) -> None:
+    """Review an agent's memory in the browser: read, search, correct and remove.
+
+    Serves on 127.0.0.1 (a free port) and prints a URL with a fresh token; every request
+    without that token is refused. With --agent NPUB the key held is the owner's; without
+    it the key is the agent's and the page acts as the agent. Stops on Ctrl-C, or after
+    --idle-timeout seconds without a request.
+    """
+    from cli.memory.review.server import serve
+
+    try:
+        mem = memory(relay, owner, key_file, agent, timeout)
+    except AgentMemoryError as exc:
+        fail(str(exc), exc.exit_code)
+
+    def announce(url: str) -> None:
+        typer.echo(url)
+        sys.stdout.flush()
+        typer.echo("engram review: open the URL above; Ctrl-C stops the server", err=True)
+        if open_browser:
+            webbrowser.open(url)
+
+    stopped = asyncio.run(serve(mem, announce, idle_timeout or None))
+    if stopped.reason == "idle":
+        typer.echo(f"engram review: stopped after {idle_timeout:g} s without a request", err=True)
+    else:
+        typer.echo("engram review: stopped", err=True)

@@ -1,0 +1,138 @@
+"""Helpers for the `engram review` tests: the server as a real process, its printed URL,
+and a relay that refuses every write (a proxy to a real relay that answers EVENTs itself)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import msgspec
+import websockets
+from cli_support import ENGRAM, ROOT, both_ways, fake_relay
+from websockets.asyncio.server import ServerConnection
+
+START_BOUND = 120.0  # outer bound for a process to start on a loaded machine
+REFUSAL = "blocked: this test relay takes no writes"
+
+
+@dataclass
+class ReviewProcess:
+    """One `engram review` process and the URL it printed."""
+
+    proc: asyncio.subprocess.Process
+    url: str
+    log_path: Path
+    state_dir: Path
+
+    @property
+    def origin(self) -> str:
+        parts = urlsplit(self.url)
+        return f"{parts.scheme}://{parts.netloc}"
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).netloc
+
+    @property
+    def port(self) -> int:
+        return int(urlsplit(self.url).port or 0)
+
+    @property
+    def token(self) -> str:
+        return urlsplit(self.url).path.split("/")[2]
+
+    def at(self, path: str) -> str:
+        """The URL of `path` (e.g. "m/mem/x") under the token."""
+        return self.url + path.lstrip("/")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    async def wait(self, bound: float = START_BOUND) -> int:
+        return await asyncio.wait_for(self.proc.wait(), bound)
+
+    async def stop(self) -> int:
+        """Ctrl-C, as a person would; the exit code."""
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                return await self.wait(60)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        return self.proc.returncode if self.proc.returncode is not None else -9
+
+
+async def start_review(
+    env: dict[str, str], *args: str, log_dir: Path, state_dir: Path
+) -> ReviewProcess:
+    """`engram review ARGS` with its data dir at `state_dir`; waits for the printed URL."""
+    log_path = log_dir / f"review-{os.urandom(4).hex()}.log"
+    full = env | {"XDG_DATA_HOME": str(state_dir)}
+    with open(log_path, "wb") as errlog:
+        proc = await asyncio.create_subprocess_exec(
+            *ENGRAM,
+            "review",
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=errlog,
+            env=full,
+            cwd=ROOT,
+        )
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), START_BOUND)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    url = line.decode().strip()
+    if not url.startswith("http://127.0.0.1:"):
+        await proc.wait()
+        raise RuntimeError(f"engram review printed {line!r}:\n{log_path.read_text()}")
+    return ReviewProcess(proc, url, log_path, state_dir)
+
+
+@contextlib.asynccontextmanager
+async def review_server(
+    env: dict[str, str], *args: str, log_dir: Path, state_dir: Path
+) -> AsyncIterator[ReviewProcess]:
+    review = await start_review(env, *args, log_dir=log_dir, state_dir=state_dir)
+    try:
+        yield review
+    finally:
+        await review.stop()
+
+
+@contextlib.asynccontextmanager
+async def refusing_relay(upstream: str) -> AsyncIterator[str]:
+    """A relay in front of `upstream` that answers every EVENT `OK false` (REFUSAL) and
+    passes everything else (AUTH, REQ, COUNT) through: reads work, writes are refused."""
+
+    async def handler(client: ServerConnection) -> None:
+        async with websockets.connect(upstream, max_size=None) as relay:
+
+            async def up() -> None:
+                async for raw in client:
+                    msg = msgspec.json.decode(raw)
+                    if isinstance(msg, list) and msg[:1] == ["EVENT"] and len(msg) == 2:
+                        answer = ["OK", msg[1]["id"], False, REFUSAL]
+                        await client.send(msgspec.json.encode(answer).decode())
+                        continue
+                    await relay.send(raw)
+
+            async def down() -> None:
+                async for raw in relay:
+                    await client.send(raw)
+
+            await both_ways(up(), down())
+
+    async with fake_relay(handler) as url:
+        yield url

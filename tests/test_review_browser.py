@@ -1,0 +1,292 @@
+"""`engram review` in a real browser: Debian's chromium, driven by Playwright for Python.
+
+A person's path through the page: open the printed URL, find a memory by a word of its
+value, open it, correct it (diff preview, then save) and see, in separate agent processes
+(`engram mem get`, the MCP server's `memory_get` through the `mcp` SDK client), the value
+exactly as typed; remove another and see it gone from `engram mem ls`/`search` and MCP;
+a conflict with a newer version shown on the page; the core graph and the changes page;
+and the refusals (no token; a form posted from another origin, whose `Origin` is `null`).
+
+One browser, one relay and one review server per module. Each page gets a screenshot in
+`review-screenshots/` under pytest's base temporary directory (`--basetemp`, or the
+path printed at the end of the module), or in `$ENGRAM_REVIEW_SCREENSHOTS` when set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from cli_support import ENGRAM, ROOT, Keys, engram_async, shared_relay
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from playwright.async_api import Browser, Page, async_playwright
+from relay_fixtures import RelayProcess
+from review_support import ReviewProcess, review_server
+
+from cli.identity import load_identity
+from cli.memory import AgentMemory
+
+# one worker runs the whole module: one browser, one relay, one review server
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.xdist_group("review-browser")]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+STEP_MS = 120_000  # outer bound for one browser step on a loaded machine (not asserted on)
+CALL_BOUND = 120.0
+
+CORRECTED = "Alice moved to Porto in 2024.\n  Ünïcode, <b>not bold</b> & trailing spaces  \n"
+
+
+@pytest.fixture(scope="module")
+def relay(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
+    yield from shared_relay(pg_server_url, str(tmp_path_factory.mktemp("review-browser-relay")))
+
+
+@pytest.fixture(scope="module")
+def keys() -> Keys:
+    return Keys.fresh()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = os.environ.get("ENGRAM_REVIEW_SCREENSHOTS")
+    path = Path(where) if where else tmp_path_factory.getbasetemp() / "review-screenshots"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+async def agent(relay: RelayProcess, keys: Keys) -> AgentMemory:
+    """The agent's own memory, written before the owner opens the page."""
+    env = {"ENGRAM_PRIVATE_KEY": keys.agent_sk.hex()}
+    mem = AgentMemory(load_identity(None, keys.owner, None, env), relay.url, timeout=60)
+    await mem.set(
+        "core", "Test agent. People: [[mem/people/alice]], [[mem/people/bob]]. [[mem/old/x]]"
+    )
+    await mem.set("people/alice", "Alice lives in Lisbon.\nShe works on [[mem/projects/atlas]].")
+    await mem.set("people/bob", "Bob is a plumber in Oslo.")
+    await mem.set("projects/atlas", "Atlas: a map of everything. Owner: [[mem/people/alice]].")
+    await mem.set("notes/stray", "A stray note that nothing links to.")
+    await mem.set("notes/race", "first version")
+    return mem
+
+
+@pytest.fixture(scope="module")
+async def review(
+    agent: AgentMemory, relay: RelayProcess, keys: Keys, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[ReviewProcess]:
+    tmp = tmp_path_factory.mktemp("review-browser")
+    async with review_server(keys.agent_env(relay.url), log_dir=tmp, state_dir=tmp) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    if not os.path.exists(CHROMIUM):
+        pytest.fail("no chromium: install it (apt-get install -y chromium); .ci/run does")
+    async with async_playwright() as pw:
+        launched = await pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    opened = await context.new_page()
+    opened.set_default_timeout(STEP_MS)
+    try:
+        yield opened
+    finally:
+        await context.close()
+
+
+async def shot(page: Page, shots: Path, name: str) -> None:
+    path = shots / f"{name}.png"
+    await page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 0
+
+
+async def agent_get(keys: Keys, relay: RelayProcess, slug: str) -> tuple[int, bytes]:
+    done = await engram_async("mem", "get", slug, env=keys.agent_env(relay.url))
+    return done.returncode, done.stdout
+
+
+@contextlib.asynccontextmanager
+async def mcp_agent(keys: Keys, relay: RelayProcess, log: Path) -> AsyncIterator[Client]:
+    """The agent's MCP server (`engram mcp`, stdio) seen through the SDK's own client."""
+    params = StdioServerParameters(
+        command=ENGRAM[0], args=[*ENGRAM[1:], "mcp"], env=keys.agent_env(relay.url), cwd=ROOT
+    )
+    with open(log, "a") as errlog:
+        async with Client(
+            stdio_client(params, errlog=errlog), read_timeout_seconds=CALL_BOUND
+        ) as client:
+            yield client
+
+
+# --- tests ------------------------------------------------------------------------------------
+
+
+async def test_find_open_correct_and_the_agent_reads_it(
+    page: Page, review: ReviewProcess, shots: Path, keys: Keys, relay: RelayProcess, tmp_path: Path
+) -> None:
+    opened = await page.goto(review.url)
+    assert opened is not None and opened.status == 200
+    await page.get_by_role("link", name="mem/people/alice").wait_for()
+    await shot(page, shots, "01-list")
+
+    await page.get_by_label("Find a memory by what it says").fill("lisbon")
+    await page.get_by_role("button", name="Search").click()
+    rows = page.locator("table.memories tbody tr")
+    await page.wait_for_url("**/?q=lisbon")
+    assert await rows.count() == 1
+    assert "Alice lives in Lisbon." in await rows.first.inner_text()
+    await shot(page, shots, "02-search")
+
+    await page.get_by_role("link", name="mem/people/alice").click()
+    await page.wait_for_url("**/m/mem/people/alice")
+    value = await page.locator("#value").inner_text()
+    assert value.startswith("Alice lives in Lisbon.")
+    referenced = page.locator("section.refs")
+    assert "mem/projects/atlas" in await referenced.inner_text()  # both ways: links and back
+    await shot(page, shots, "03-memory")
+
+    await page.locator("#value-edit").fill(CORRECTED)
+    await page.get_by_role("button", name="Preview the correction").click()
+    diff = page.locator("#diff")
+    await diff.wait_for()
+    assert "+Alice moved to Porto in 2024." in await diff.locator("span.add").all_inner_texts()
+    assert "-Alice lives in Lisbon." in await diff.locator("span.del").all_inner_texts()
+    await shot(page, shots, "04-preview")
+
+    await page.get_by_role("button", name="Save this correction").click()
+    await page.locator("#readback").wait_for()
+    assert "serve the version just written" in await page.locator("#readback").inner_text()
+    assert "Saved" in await page.locator("#outcome").inner_text()
+    await shot(page, shots, "05-saved")
+
+    code, out = await agent_get(keys, relay, "people/alice")
+    assert code == 0 and out == CORRECTED.encode()
+    async with mcp_agent(keys, relay, tmp_path / "mcp.log") as client:
+        got = await client.call_tool("memory_get", {"slug": "people/alice"})
+        assert not got.is_error and got.structured_content is not None
+        assert got.structured_content["value"] == CORRECTED
+
+
+async def test_remove_and_the_agent_no_longer_finds_it(
+    page: Page, review: ReviewProcess, shots: Path, keys: Keys, relay: RelayProcess, tmp_path: Path
+) -> None:
+    await page.goto(review.at("m/mem/people/bob"))
+    await page.get_by_role("link", name="Remove this memory…").click()
+    await page.wait_for_url("**/act/remove/mem/people/bob")
+    await shot(page, shots, "06-remove-confirm")
+    await page.get_by_label("Yes, remove mem/people/bob").check()
+    await page.get_by_role("button", name="Remove").click()
+    await page.locator("#value-absent").wait_for()
+    assert "Removed" in await page.locator("#outcome").inner_text()
+    assert "no live value" in await page.locator("#readback").inner_text()
+    await shot(page, shots, "07-removed")
+
+    env = keys.agent_env(relay.url)
+    listed = await engram_async("mem", "ls", env=env)
+    assert listed.returncode == 0 and b"mem/people/bob" not in listed.stdout
+    assert b"mem/people/alice" in listed.stdout  # the positive twin
+    found = await engram_async("mem", "search", "plumber", env=env)
+    assert found.returncode == 0 and found.stdout == b""
+    code, _ = await agent_get(keys, relay, "people/bob")
+    assert code == 1
+    async with mcp_agent(keys, relay, tmp_path / "mcp.log") as client:
+        listed_mcp = await client.call_tool("memory_list", {})
+        slugs = {m["slug"] for m in listed_mcp.structured_content["memories"]}  # type: ignore[index]
+        assert "mem/people/bob" not in slugs and "mem/people/alice" in slugs
+        hits = await client.call_tool("memory_search", {"query": "plumber"})
+        assert hits.structured_content["matches"] == []  # type: ignore[index]
+        gone = await client.call_tool("memory_get", {"slug": "people/bob"})
+        assert gone.is_error
+
+
+async def test_a_newer_version_is_a_conflict_on_the_page(
+    page: Page, review: ReviewProcess, shots: Path, keys: Keys, relay: RelayProcess
+) -> None:
+    await page.goto(review.at("m/mem/notes/race"))
+    await page.locator("#value-edit").fill("the page's version")
+    await page.get_by_role("button", name="Preview the correction").click()
+    await page.locator("#diff").wait_for()
+    written = await engram_async(
+        "mem", "set", "notes/race", "the agent's newer version", env=keys.agent_env(relay.url)
+    )
+    assert written.returncode == 0, written.stderr
+    response = None
+    async with page.expect_response(lambda r: "/act/save/" in r.url) as caught:
+        await page.get_by_role("button", name="Save this correction").click()
+    response = await caught.value
+    assert response.status == 409
+    outcome = await page.locator("#outcome").inner_text()
+    assert "Conflict" in outcome and "changed after this page showed it" in outcome
+    assert "the agent's newer version" in await page.locator("#diff").inner_text()
+    assert await page.locator("#value-edit").input_value() == "the page's version"
+    await shot(page, shots, "08-conflict")
+    code, out = await agent_get(keys, relay, "notes/race")
+    assert code == 0 and out == b"the agent's newer version"
+
+
+async def test_core_graph_and_changes(page: Page, review: ReviewProcess, shots: Path) -> None:
+    await page.goto(review.at("core"))
+    graph = page.locator("svg#graph")
+    await graph.wait_for()
+    assert await graph.locator("a.node.core").count() == 1
+    assert await graph.locator("a.node.orphan").count() >= 1  # notes/stray
+    assert await graph.locator("a.node.dangling").count() >= 1  # mem/old/x
+    box = await graph.bounding_box()
+    assert box is not None and box["width"] > 300 and box["height"] > 60  # drawn, not empty
+    await shot(page, shots, "09-core-graph")
+    await graph.locator("a.node.orphan", has_text="mem/notes/stray").click()
+    await page.wait_for_url("**/m/mem/notes/stray")
+
+    await page.goto(review.at("changes"))
+    await page.locator("table.changes").wait_for()
+    assert "mem/people/alice" in await page.locator("table.changes").inner_text()
+    await shot(page, shots, "10-changes")
+    await page.get_by_role("button", name="Mark all as seen").click()
+    await page.locator("#no-changes").wait_for()
+
+
+async def test_refused_without_token_or_from_another_origin(
+    page: Page, review: ReviewProcess, shots: Path
+) -> None:
+    refused = await page.goto(review.origin + "/")
+    assert refused is not None and refused.status == 403
+    assert "needs the URL" in await page.inner_text("body")
+    await shot(page, shots, "11-no-token")
+    # A page elsewhere (here a data: URL, whose origin is opaque) posting a form to the app,
+    # even knowing the token: Chromium sends `Origin: null`, the app refuses it.
+    target = review.at("act/remove/mem/people/alice")
+    form = (
+        f'<form method="post" action="{target}"><input name="confirm" value="yes">'
+        '<button id="go">go</button></form>'
+    )
+    await page.goto("data:text/html," + form)
+    async with page.expect_response(lambda r: r.url == target) as caught:
+        await page.click("#go")
+    assert (await caught.value).status == 403
+    assert "another origin (null)" in await page.inner_text("body")
+    # ... and the memory is still there
+    await page.goto(review.at("m/mem/people/alice"))
+    assert await page.locator("#value").count() == 1

@@ -1,0 +1,398 @@
+"""`engram review` over plain HTTP (httpx): the door (token, Host, Origin, CSRF), the
+headers, the pages' content and escaping, actions and their refusals, the visit mark, and
+the server's stops (Ctrl-C, idle). A real `engram review` process on a real relay.
+
+The browser's view of the same app is tests/test_review_browser.py.
+"""
+
+from __future__ import annotations
+
+import re
+import stat
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from cli_support import Keys, shared_relay
+from relay_fixtures import RelayProcess
+from review_support import REFUSAL, ReviewProcess, refusing_relay, review_server
+
+from cli.identity import load_identity
+from cli.memory import AgentMemory
+from cli.memory.review.guard import CSP
+from engram.nip19 import nsec
+
+# one worker runs the whole module: one relay, one review server
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.xdist_group("review-http")]
+
+
+@pytest.fixture(scope="module")
+def relay(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
+    yield from shared_relay(pg_server_url, str(tmp_path_factory.mktemp("review-relay")))
+
+
+def agent_memory(keys: Keys, relays: str) -> AgentMemory:
+    env = {"ENGRAM_PRIVATE_KEY": keys.agent_sk.hex()}
+    return AgentMemory(load_identity(None, keys.owner, None, env), relays, timeout=30)
+
+
+def secrets_of(keys: Keys) -> list[str]:
+    return [
+        f for sk in (keys.agent_sk, keys.owner_sk) for f in (sk.hex(), sk.hex().upper(), nsec(sk))
+    ]
+
+
+def csrf_of(html: str, action: str) -> str:
+    """The CSRF field of the form whose action ends with `action`."""
+    form = re.search(rf'action="[^"]*{re.escape(action)}"[^>]*>(.*?)</form>', html, re.S)
+    assert form, f"no form for {action}"
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', form[1])
+    assert found
+    return found[1]
+
+
+@pytest.fixture(scope="module")
+def keys() -> Keys:
+    return Keys.fresh()
+
+
+@pytest.fixture(scope="module")
+async def seeded(relay: RelayProcess, keys: Keys) -> AgentMemory:
+    mem = agent_memory(keys, relay.url)
+    await mem.set("core", "I am a test agent. See [[mem/people/alice]] and [[mem/gone]].")
+    await mem.set(
+        "people/alice", "Alice lives in Lisbon.\nShe likes <script>alert(1)</script> & tea."
+    )
+    await mem.set("people/bob", "Bob: orphan, nobody links here.")
+    return mem
+
+
+@pytest.fixture(scope="module")
+async def review(
+    seeded: AgentMemory, relay: RelayProcess, keys: Keys, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[ReviewProcess]:
+    tmp = tmp_path_factory.mktemp("review-http")
+    async with review_server(
+        keys.agent_env(relay.url), log_dir=tmp, state_dir=tmp / "data"
+    ) as server:
+        yield server
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=120, follow_redirects=False) as client:
+        yield client
+
+
+# --- the door --------------------------------------------------------------------------------
+
+
+async def test_printed_url_is_loopback_with_a_token(review: ReviewProcess) -> None:
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/t/[A-Za-z0-9_-]{43}/", review.url)
+
+
+async def test_everything_without_the_token_is_refused(
+    review: ReviewProcess, http: httpx.AsyncClient
+) -> None:
+    origin = review.origin
+    for path in (
+        "/",
+        "/m/mem/people/alice",
+        "/t/",
+        "/t/wrong/",
+        f"/t/{review.token}x/",
+        f"/x/{review.token}/",
+        "/static/review.css",
+        "/favicon.ico",
+    ):
+        r = await http.get(origin + path)
+        assert r.status_code == 403, path
+        assert "Alice" not in r.text and "Lisbon" not in r.text
+        assert r.headers["content-security-policy"] == CSP
+    r = await http.post(origin + "/act/save/mem/people/alice", data={"value": "x"})
+    assert r.status_code == 403
+
+
+async def test_other_host_origin_or_site_is_refused(
+    review: ReviewProcess, http: httpx.AsyncClient
+) -> None:
+    url = review.url
+    ok = await http.get(url)
+    assert ok.status_code == 200 and "mem/people/alice" in ok.text
+    for host in ("localhost:" + str(review.port), "evil.example", "127.0.0.1", "127.0.0.1:1"):
+        assert (await http.get(url, headers={"Host": host})).status_code == 403, host
+    for origin in ("http://evil.example", "null", "http://localhost:" + str(review.port)):
+        r = await http.get(url, headers={"Origin": origin})
+        assert r.status_code == 403, origin
+        assert "Lisbon" not in r.text
+    for site in ("cross-site", "same-site"):
+        assert (await http.get(url, headers={"Sec-Fetch-Site": site})).status_code == 403
+    same = {"Origin": review.origin, "Sec-Fetch-Site": "same-origin"}
+    assert (await http.get(url, headers=same)).status_code == 200
+    assert (await http.get(url, headers={"Sec-Fetch-Site": "none"})).status_code == 200
+
+
+async def test_headers_forbid_script_framing_and_remote_content(
+    review: ReviewProcess, http: httpx.AsyncClient
+) -> None:
+    r = await http.get(review.url)
+    h = r.headers
+    assert h["content-security-policy"] == CSP
+    assert "default-src 'none'" in CSP and "script-src" not in CSP and "unsafe" not in CSP
+    assert h["x-frame-options"] == "DENY" and h["referrer-policy"] == "same-origin"
+    assert h["cache-control"] == "no-store" and h["x-content-type-options"] == "nosniff"
+    assert "<script" not in r.text.replace("&lt;script&gt;", "")
+    assert not re.search(r'(src|href)="(https?:)?//', r.text)  # nothing from elsewhere
+    bare = await http.get(review.url.rstrip("/"))
+    assert bare.status_code == 308 and bare.headers["location"] == f"/t/{review.token}/"
+
+
+async def test_actions_need_their_own_csrf_field(
+    review: ReviewProcess, http: httpx.AsyncClient
+) -> None:
+    page = (await http.get(review.at("m/mem/people/bob"))).text
+    token = csrf_of(page, "/act/preview/mem/people/bob")
+    form = {"value": "changed", "base": "0" * 64}
+    target = review.at("act/preview/mem/people/bob")
+    assert (await http.post(target, data=form)).status_code == 403
+    assert (await http.post(target, data=form | {"csrf": "0" * 64})).status_code == 403
+    other = review.at("act/save/mem/people/bob")  # a valid field, for another action
+    assert (await http.post(other, data=form | {"csrf": token})).status_code == 403
+    null = {"Origin": "null"}
+    assert (await http.post(target, data=form | {"csrf": token}, headers=null)).status_code == 403
+    ok = await http.post(target, data=form | {"csrf": token}, headers={"Origin": review.origin})
+    assert ok.status_code == 200 and "Save this correction" in ok.text
+    json_body = await http.post(target, json=form | {"csrf": token})
+    assert json_body.status_code == 415
+    big = await http.post(
+        target,
+        content=b"value=" + b"a" * (2 << 20),
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert big.status_code == 413
+
+
+async def test_values_are_escaped_and_no_secret_is_in_any_page(
+    review: ReviewProcess, http: httpx.AsyncClient, keys: Keys
+) -> None:
+    pages = [
+        "",
+        "m/mem/people/alice",
+        "m/core",
+        "core",
+        "changes",
+        "?q=lisbon",
+        "act/remove/mem/people/bob",
+        "m/mem/absent",
+    ]
+    texts = []
+    for path in pages:
+        r = await http.get(review.at(path))
+        assert r.status_code in (200, 404), (path, r.status_code)
+        texts.append(r.text)
+    alice = texts[1]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; tea" in alice
+    assert "<script>" not in alice
+    assert "Alice lives in Lisbon." in texts[5]  # found by a word of its value
+    assert "mem/people/bob" not in texts[5]
+    for text in texts:
+        for secret in secrets_of(keys):
+            assert secret not in text
+
+
+async def test_core_graph_is_a_picture(review: ReviewProcess, http: httpx.AsyncClient) -> None:
+    html = (await http.get(review.at("core"))).text
+    svg = html[html.index("<svg") : html.index("</svg>")]
+    assert "mem/people/alice" in svg and "mem/people/bob" in svg and "mem/gone" in svg
+    assert 'class="node orphan"' in svg and 'class="node dangling"' in svg
+    assert 'class="edge dangling"' in svg and 'class="edge link"' in svg
+
+
+# --- actions ---------------------------------------------------------------------------------
+
+
+async def test_correct_conflicts_with_a_newer_version(
+    review: ReviewProcess, http: httpx.AsyncClient, seeded: AgentMemory
+) -> None:
+    await seeded.set("people/carol", "Carol v1")
+    page = (await http.get(review.at("m/mem/people/carol"))).text
+    base = re.search(r'name="base" value="([0-9a-f]{64})"', page)
+    assert base
+    await seeded.set("people/carol", "Carol v2, written meanwhile")
+    preview = await http.post(
+        review.at("act/preview/mem/people/carol"),
+        data={
+            "value": "Carol v1 corrected",
+            "base": base[1],
+            "csrf": csrf_of(page, "/act/preview/mem/people/carol"),
+        },
+    )
+    assert "changed since you opened it" in preview.text
+    save = await http.post(
+        review.at("act/save/mem/people/carol"),
+        data={
+            "value": "Carol from the page",
+            "base": base[1],
+            "csrf": csrf_of(preview.text, "/act/save/mem/people/carol"),
+        },
+    )
+    assert save.status_code == 409, save.text
+    assert "Carol v2, written meanwhile" in save.text and "Carol from the page" in save.text
+    assert (await seeded.get("people/carol")).value == "Carol v2, written meanwhile"
+
+
+async def test_save_normalises_line_endings_and_keeps_the_rest(
+    review: ReviewProcess, http: httpx.AsyncClient, seeded: AgentMemory
+) -> None:
+    await seeded.set("notes/eol", "old")
+    typed = "\n  leading newline and spaces\r\nwindows\rold mac\n\ttab, trailing  \r\n"
+    save = await correct(http, review, "mem/notes/eol", typed)
+    assert save.status_code == 303, save.text
+    after = await http.get(review.origin + save.headers["location"])
+    assert "they serve the version just written" in after.text
+    expected = "\n  leading newline and spaces\nwindows\nold mac\n\ttab, trailing  \n"
+    assert (await seeded.get("notes/eol")).value == expected
+
+
+async def test_verdicts_answer_not_yet_available(
+    review: ReviewProcess, http: httpx.AsyncClient
+) -> None:
+    page = (await http.get(review.at("act/deny/mem/people/bob"))).text
+    r = await http.post(
+        review.at("act/deny/mem/people/bob"),
+        data={"reason": "wrong", "csrf": csrf_of(page, "/act/deny/mem/people/bob")},
+    )
+    assert r.status_code == 501 and "issue 39" in r.text
+
+
+async def correct(
+    http: httpx.AsyncClient, server: ReviewProcess, slug: str, value: str
+) -> httpx.Response:
+    """As the page does it: open the memory, preview the new value, save it."""
+    page = (await http.get(server.at(f"m/{slug}"))).text
+    base = re.search(r'name="base" value="([0-9a-f]{64})"', page)
+    assert base, page
+    preview = await http.post(
+        server.at(f"act/preview/{slug}"),
+        data={"value": value, "base": base[1], "csrf": csrf_of(page, f"/act/preview/{slug}")},
+    )
+    assert preview.status_code == 200, preview.text
+    return await http.post(
+        server.at(f"act/save/{slug}"),
+        data={"value": value, "base": base[1], "csrf": csrf_of(preview.text, f"/act/save/{slug}")},
+    )
+
+
+async def test_relay_refusal_is_shown_with_the_relays_message(
+    relay: RelayProcess, keys: Keys, seeded: AgentMemory, tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    await seeded.set("notes/refused", "before")
+    async with refusing_relay(relay.url) as refusing:
+        # the only relay refuses: nothing is written, the page says why and keeps the text
+        async with review_server(
+            keys.agent_env(refusing), log_dir=tmp_path, state_dir=tmp_path / "data"
+        ) as server:
+            r = await correct(http, server, "mem/notes/refused", "typed on the page")
+            assert r.status_code == 502, r.text
+            assert REFUSAL in r.text and "typed on the page" in r.text
+        assert (await seeded.get("notes/refused")).value == "before"
+        # one of two relays refuses: written, and the refusal is named beside the read-back
+        both = f"{relay.url},{refusing}"
+        async with review_server(
+            keys.agent_env(both), log_dir=tmp_path, state_dir=tmp_path / "data"
+        ) as server:
+            r = await correct(http, server, "mem/notes/refused", "accepted by one")
+            assert r.status_code == 303, r.text
+            shown = (await http.get(server.origin + r.headers["location"])).text
+            assert REFUSAL in shown and refusing in shown
+            assert "they serve the version just written" in shown
+        assert (await seeded.get("notes/refused")).value == "accepted by one"
+
+
+async def test_owner_mode_reads_and_cannot_write_yet(
+    relay: RelayProcess, keys: Keys, seeded: AgentMemory, tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    async with review_server(
+        keys.owner_env(relay.url),
+        "--agent",
+        keys.agent,
+        log_dir=tmp_path,
+        state_dir=tmp_path / "data",
+    ) as server:
+        page = (await http.get(server.at("m/mem/people/alice"))).text
+        assert "Alice lives in Lisbon." in page and "acting as <strong>the owner" in page
+        assert "Preview the correction" not in page and "issue 39" in page
+        for secret in secrets_of(keys):
+            assert secret not in page
+
+
+# --- the server's life -----------------------------------------------------------------------
+
+
+async def test_visit_mark_is_private_and_holds_no_content(
+    relay: RelayProcess, keys: Keys, seeded: AgentMemory, tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    await seeded.set("notes/visit", "seen on the first visit")
+    state = tmp_path / "data"
+    env = keys.agent_env(relay.url)
+    async with review_server(env, log_dir=tmp_path, state_dir=state) as first:
+        assert "mem/notes/visit" in (await http.get(first.at("changes"))).text
+    assert await first.stop() == 0
+    marks = list((state / "engram-relay" / "review").iterdir())
+    assert len(marks) == 1
+    assert stat.S_IMODE(marks[0].stat().st_mode) == 0o600
+    assert stat.S_IMODE(marks[0].parent.stat().st_mode) == 0o700
+    raw = marks[0].read_text()
+    for word in ("mem/", "visit", "Lisbon", "core"):
+        assert word not in raw
+    await seeded.set("notes/visit", "changed after the first visit")
+    await seeded.rm("people/bob")
+    async with review_server(env, log_dir=tmp_path, state_dir=state) as second:
+        html = (await http.get(second.at("changes"))).text
+        rows = re.findall(
+            r'<tr class="(\w+)">\s*<td>\w+</td>\s*<td class="slug">(.*?)</td>', html, re.S
+        )
+        kinds = {re.sub(r"<[^>]+>", "", s).strip(): k for k, s in rows}
+        assert kinds.get("mem/notes/visit") == "changed"
+        assert kinds.get("mem/people/bob") == "removed"
+        assert "mem/people/alice" not in kinds  # unchanged since the first visit
+        seen = await http.post(
+            second.at("changes/seen"), data={"csrf": csrf_of(html, "/changes/seen")}
+        )
+        assert seen.status_code == 303
+        assert (
+            "Nothing changed since your last visit" in (await http.get(second.at("changes"))).text
+        )
+
+
+async def test_stops_after_idle_timeout(relay: RelayProcess, keys: Keys, tmp_path: Path) -> None:
+    from review_support import start_review
+
+    server = await start_review(
+        keys.agent_env(relay.url), "--idle-timeout", "1", log_dir=tmp_path, state_dir=tmp_path
+    )
+    assert await server.wait() == 0
+    assert "without a request" in server.log()
+
+
+async def test_ctrl_c_stops_and_closes_the_port(
+    relay: RelayProcess, keys: Keys, tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    async with review_server(keys.agent_env(relay.url), log_dir=tmp_path, state_dir=tmp_path) as s:
+        assert (await http.get(s.url)).status_code == 200
+        assert await s.stop() == 0
+        with pytest.raises(httpx.ConnectError):
+            await http.get(s.url)
+    assert "stopped" in s.log()
+
+
+async def test_bad_key_is_one_line_exit_1(tmp_path: Path, relay: RelayProcess) -> None:
+    from cli_support import clean_env, engram_async
+
+    env = clean_env(
+        ENGRAM_PRIVATE_KEY="not-a-key", ENGRAM_OWNER=Keys.fresh().owner, ENGRAM_RELAY=relay.url
+    )
+    done = await engram_async("review", env=env)
+    assert done.returncode == 1
+    assert done.stdout == b"" and done.stderr.count(b"\n") == 1
