@@ -1,0 +1,129 @@
+"""The review app's pure parts: differences, the graph's layout, the visit mark and its
+changes, CSRF fields. No relay, no server: the whole app is tested in test_review_http.py
+and test_review_browser.py."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from cli.memory.api import SetReport
+from cli.memory.review.diffs import diff_lines, normalize_newlines
+from cli.memory.review.graph import BOX_W, COL_GAP, layout
+from cli.memory.review.guard import Csrf
+from cli.memory.review.snapshot import Row, Snapshot
+from cli.memory.review.visits import Mark, changes, load, mark_path, save
+from engram import CORE_SLUG, extract_refs
+
+
+def row(slug: str, value: str | None, event: str = "e", at: int = 1) -> Row:
+    return Row(slug, value, event + slug, at, "a" * 64, "agent", "d-" + slug)
+
+
+def snapshot(values: dict[str, str | None]) -> Snapshot:
+    live = {s: row(s, v) for s, v in values.items() if v is not None and s != CORE_SLUG}
+    removed = {s: row(s, None) for s, v in values.items() if v is None}
+    core = row(CORE_SLUG, values[CORE_SLUG]) if values.get(CORE_SLUG) else None
+    edges = {s: extract_refs(r.value or "") for s, r in live.items()}
+    if core is not None:
+        edges = {CORE_SLUG: extract_refs(core.value or ""), **edges}
+    return Snapshot(live, core, removed, SetReport(), edges)
+
+
+def test_line_endings_become_lf_and_nothing_else_changes() -> None:
+    assert normalize_newlines("a\r\nb\rc\n\r\n  x  \t") == "a\nb\nc\n\n  x  \t"
+    assert normalize_newlines("") == ""
+
+
+def test_diff_lines_show_changes_and_a_missing_final_newline() -> None:
+    assert diff_lines("same\n", "same\n") == []
+    lines = diff_lines("one\ntwo\n", "one\nTWO")
+    kinds = [(d.kind, d.text) for d in lines]
+    assert kinds[0][0] == "hunk"
+    assert ("del", "two") in kinds and ("add", "TWO") in kinds
+    assert kinds[-1] == ("note", "\\ No newline at end of value")
+    # only the final newline changed: still visible
+    assert [d.kind for d in diff_lines("x\n", "x")] == ["hunk", "del", "add", "note"]
+
+
+def test_graph_places_core_by_distance_orphans_and_dangling() -> None:
+    snap = snapshot(
+        {
+            CORE_SLUG: "see [[mem/a]] and [[mem/gone]]",
+            "mem/a": "to [[mem/b]]",
+            "mem/b": "back to [[mem/a]] and [[mem/removed]]",
+            "mem/lonely": "nobody links here",
+            "mem/removed": None,
+        }
+    )
+    pic = layout(snap)
+    where = {n.slug: n for n in pic.nodes}
+    col = BOX_W + COL_GAP
+    assert where[CORE_SLUG].kind == "core" and where[CORE_SLUG].x == 10
+    assert (where["mem/a"].x, where["mem/b"].x) == (10 + col, 10 + 2 * col)
+    assert where["mem/lonely"].kind == "orphan" and where["mem/lonely"].x == 10 + 3 * col
+    assert {where["mem/gone"].kind, where["mem/removed"].kind} == {"dangling"}
+    assert [t for _, t in pic.titles][-1].startswith("dangling")
+    kinds = sorted(e.kind for e in pic.edges)
+    assert kinds == ["dangling", "dangling", "link", "link", "link"]
+    # a link to the next column is a curve; a backward one goes round the boxes (lanes)
+    back = [e.path for e in pic.edges if e.kind == "link" and " H" in e.path]
+    assert len(back) == 1
+    bottom = max(n.y for n in pic.nodes)
+    assert all(int(p.split(" V")[1].split()[0]) > bottom for p in back)
+    assert pic.shown == pic.total == 6 and pic.width > 4 * col and pic.height > bottom
+
+
+def test_graph_without_core_draws_everything_as_orphans() -> None:
+    pic = layout(snapshot({"mem/x": "[[mem/y]]", "mem/y": "y"}))
+    kinds = {n.slug: n.kind for n in pic.nodes}
+    assert kinds == {CORE_SLUG: "dangling", "mem/x": "orphan", "mem/y": "orphan"}
+    assert pic.titles[0][1] == "no core"
+
+
+def test_changes_since_a_mark(tmp_path: Path) -> None:
+    before = snapshot({CORE_SLUG: "c", "mem/a": "a", "mem/b": "b", "mem/c": "c"})
+    mark = Mark.of(before, 100)
+    after = Snapshot(
+        {
+            "mem/a": before.live["mem/a"],
+            "mem/b": row("mem/b", "b2", event="f", at=5),
+            "mem/new": row("mem/new", "n", at=9),
+        },
+        before.core,
+        {"mem/c": row("mem/c", None, event="t")},
+        SetReport(),
+    )
+    found = [(c.kind, c.slug) for c in changes(after, mark)]
+    assert found == [("new", "mem/new"), ("changed", "mem/b"), ("removed", "mem/c")]
+    assert [c.kind for c in changes(after, None)] == ["new"] * 4  # no visit yet: all new
+    gone = Snapshot({}, None, {}, SetReport())
+    assert {(c.kind, c.slug) for c in changes(gone, mark)} == {("removed", None)}
+
+
+def test_mark_file_is_private_and_round_trips(tmp_path: Path) -> None:
+    path = mark_path("a" * 64, "b" * 64, True, tmp_path / "review")
+    assert path != mark_path("a" * 64, "b" * 64, False, tmp_path / "review")
+    mark = Mark(123, {"d1": ("e1", 5), "d2": ("e2", 6)})
+    old = os.umask(0)
+    try:
+        save(path, mark)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert load(path) == mark
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
+    path.write_text("{not json")
+    assert load(path) is None  # a damaged mark starts over instead of failing the page
+    assert load(tmp_path / "absent.json") is None
+
+
+def test_csrf_fields_are_per_action_and_per_server() -> None:
+    one, two = Csrf(), Csrf()
+    token = one.token("/act/save/mem/x")
+    assert one.valid("/act/save/mem/x", token)
+    assert not one.valid("/act/remove/mem/x", token)
+    assert not two.valid("/act/save/mem/x", token)
+    assert not one.valid("/act/save/mem/x", None) and not one.valid("/act/save/mem/x", "")
