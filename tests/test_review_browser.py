@@ -222,6 +222,19 @@ async def test_remove_and_the_agent_no_longer_finds_it(
         assert gone.is_error
 
 
+async def test_the_edit_box_holds_the_value_exactly(
+    page: Page, review: ReviewProcess, agent: AgentMemory
+) -> None:
+    # leading blank lines (an HTML parser drops the first newline of a textarea), markup,
+    # trailing spaces and newlines: all in the box as stored, so an untouched box is no change
+    exact = "\n\nleading blank lines, <b>&amp; markup</b>\n  trailing  \n\n"
+    await agent.set("notes/exact", exact)
+    await page.goto(review.at("m/mem/notes/exact"))
+    assert await page.locator("#value-edit").input_value() == exact
+    await page.get_by_role("button", name="Preview the correction").click()
+    assert "No difference" in await page.locator("#diff").inner_text()
+
+
 async def test_a_newer_version_is_a_conflict_on_the_page(
     page: Page, review: ReviewProcess, shots: Path, keys: Keys, relay: RelayProcess
 ) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cli_support import Keys, shared_relay
+from cli_support import Keys, closed_port, shared_relay
 from relay_fixtures import RelayProcess
 from review_support import REFUSAL, ReviewProcess, refusing_relay, review_server
 
@@ -385,6 +385,17 @@ async def test_ctrl_c_stops_and_closes_the_port(
         with pytest.raises(httpx.ConnectError):
             await http.get(s.url)
     assert "stopped" in s.log()
+
+
+async def test_relay_down_is_a_page_that_says_so(
+    keys: Keys, tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    down = f"ws://127.0.0.1:{closed_port()}"
+    async with review_server(keys.agent_env(down), log_dir=tmp_path, state_dir=tmp_path) as s:
+        for path in ("", "m/mem/x", "core", "changes"):
+            r = await http.get(s.at(path))
+            assert r.status_code == 502, (path, r.status_code)
+            assert down in r.text
 
 
 async def test_bad_key_is_one_line_exit_1(tmp_path: Path, relay: RelayProcess) -> None:

@@ -127,7 +127,8 @@ class Review:
                     request.state.form = await self._checked_form(request)
                 return await handler(request)
             except FormError as exc:
-                return self.render(request, "error.html", exc.status, title="Refused", why=exc)
+                title = "Not found" if exc.status == 404 else "Not accepted"
+                return self.render(request, "error.html", exc.status, title=title, why=exc)
             except (AgentMemoryError, TimeoutError) as exc:
                 outcome = actions.failed(exc)
                 return self.render(
@@ -350,11 +351,9 @@ class Review:
         )
 
     async def mark_seen(self, request: Request) -> Response:
-        snap = await self.snapshot()
-        assert self.last_shown is not None
-        self.baseline = self.last_shown
+        """The heads on the relays now (not those the page showed) become the mark."""
+        self.baseline = visits.Mark.of(await self.snapshot(), int(time.time()))
         visits.save(self.mark_path, self.baseline)
-        del snap
         return RedirectResponse(f"{request.scope.get('root_path', '')}/changes", 303)
 
     # -- actions --
