@@ -18,7 +18,8 @@ from cli.memory.acp_proxy import (
     log,
     run_proxy,
 )
-from cli.memory.hook import DEFAULT_HOOK_TIMEOUT, fetch_core
+from cli.memory.api import AgentMemory
+from cli.memory.hook import DEFAULT_HOOK_TIMEOUT, RecallHook, fetch_core
 
 
 def _hook(
@@ -33,6 +34,19 @@ def _hook(
         log(f"memory disabled: {exc}")
         return None
     return lambda: fetch_core(ident, url, timeout)
+
+
+def _recall(
+    n: int, relay: str | None, owner: str | None, key_file: Path | None, timeout: float
+) -> RecallHook | None:
+    if n <= 0:
+        return None
+    try:
+        memory = AgentMemory(load_identity(key_file, owner, None), relay_urls(relay))
+    except InputError as exc:
+        log(f"recall disabled: {exc}")
+        return None
+    return RecallHook(memory, n, timeout)
 
 
 # Everything after the agent's name belongs to the agent: `engram acp my-agent --its-flag`.
@@ -52,8 +66,18 @@ def acp_command(
         typer.Option(help="prompt: before the first prompt; meta: _meta.systemPrompt.append."),
     ] = Inject.prompt,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=0.1, help="Seconds to wait for core.")
+        float, typer.Option("--timeout", min=0.1, help="Seconds to wait for core (and recall).")
     ] = DEFAULT_HOOK_TIMEOUT,
+    recall: Annotated[
+        int,
+        typer.Option(
+            "--recall",
+            min=0,
+            max=100,
+            metavar="N",
+            help="Before each prompt, inject the N memories most relevant to it (0: off).",
+        ),
+    ] = 0,
     relay: Annotated[
         str | None,
         typer.Option("--relay", help="Relay URL(s), comma-separated (env ENGRAM_RELAY)."),
@@ -67,7 +91,11 @@ def acp_command(
     ] = None,
 ) -> None:
     """Run an ACP agent behind a proxy that injects its core memory into each new session."""
-    interceptor = Interceptor(_hook(no_memory, relay, owner, key_file, timeout), inject)
+    interceptor = Interceptor(
+        _hook(no_memory, relay, owner, key_file, timeout),
+        inject,
+        None if no_memory else _recall(recall, relay, owner, key_file, timeout),
+    )
 
     async def main() -> int:
         from acp import stdio_streams

@@ -203,7 +203,13 @@ def set_(
                 f"or use `engram mem rm {slug}` to delete it"
             )
     mem = memory(relay, owner, key_file, None, timeout)
-    _written(run(mem.set(slug, value)))
+    result = run(mem.set(slug, value))
+    _written(result)
+    for near in result.similar:  # write-time hints: stderr, so stdout stays the event id
+        warn(
+            f"similar memory: {near.slug} ({near.score:.2f}); patch or merge it rather "
+            "than keep a near-duplicate"
+        )
 
 
 @mem_app.command("hash")
@@ -382,6 +388,40 @@ def search(
         return
     for m in matches:
         typer.echo(f"{m.slug}\t{m.snippet}\t{m.created_at}")
+
+
+@mem_app.command()
+def recall(
+    query: Annotated[str, typer.Argument(help="A question or a few words, in plain language.")],
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="At most N.")] = 10,
+    json_out: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print a JSON array of {slug, value, snippet, score, created_at, event_id}.",
+        ),
+    ] = False,
+    relay: Relay = None,
+    owner: Owner = None,
+    key_file: KeyFile = None,
+    agent: Agent = None,
+    timeout: Timeout = LIST_TIMEOUT,
+) -> None:
+    """The memories most relevant to QUERY, best first: slug, score, created_at, snippet.
+
+    Ranked on this machine after decryption (words and a packaged embedding model, fused);
+    the query never leaves it. The index is cached, encrypted, in the user's data
+    directory and brought up to date from the relays on each run.
+    """
+    from cli.memory.recall.present import hit_json, hit_line
+
+    found = run(memory(relay, owner, key_file, agent, timeout).recall(query, limit))
+    report(found.report, json_out)
+    if json_out:
+        typer.echo(json.dumps([hit_json(h, query) for h in found.hits], ensure_ascii=False))
+        return
+    for h in found.hits:
+        typer.echo(hit_line(h, query))
 
 
 def _per_relay(rows: dict[str, RelaySync], json_out: bool, extra: dict[str, Any]) -> None:

@@ -176,12 +176,19 @@ class ListingEntry(msgspec.Struct, frozen=True):
     created_at: int
 
 
+def is_live(body: Body) -> bool:
+    """Whether a head's body reads as a live memory (spec: *Reading and listing*): not a
+    tombstone and not core. The one rule for every read path that returns memories:
+    `listing` (ls) and the recall index."""
+    return body.slug != CORE_SLUG and not isinstance(body, Tombstone | Core)
+
+
 def listing(heads: dict[str, Head]) -> list[ListingEntry]:
-    """Heads minus tombstones and core, sorted by slug."""
+    """Live heads (`is_live`), sorted by slug."""
     return [
         ListingEntry(slug=slug, event_id=h.event.id, created_at=h.event.created_at)
         for slug, h in sorted(heads.items())
-        if slug != CORE_SLUG and not isinstance(h.body, Tombstone | Core)
+        if is_live(h.body)
     ]
 
 

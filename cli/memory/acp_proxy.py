@@ -8,6 +8,9 @@ one message per line. Every line passes through byte for byte except two:
 - with `--inject prompt` (the default) the request goes on at once, the agent's reply
   names the session, and that session's first `session/prompt` gets the result as a
   leading text block (waiting, if needed, for what is left of the hook's timeout).
+With `--recall N`, every `session/prompt` also gets, as a leading text block, the N memories
+most relevant to the prompt's text (`cli.memory.hook.RecallHook`); a failed or timed-out
+recall, or none found, injects nothing.
 The proxy never writes anything but forwarded messages to stdout; diagnostics go to stderr.
 """
 
@@ -29,6 +32,7 @@ STREAM_LIMIT = 50 * 1024 * 1024  # one JSON-RPC line; prompts may carry images
 ENV_NO_MEMORY = "ENGRAM_ACP_NO_MEMORY"
 
 Hook = Callable[[], Awaitable[HookResult]]
+Recaller = Callable[[str], Awaitable[str | None]]  # prompt text -> text to inject, or None
 
 
 class Inject(StrEnum):
@@ -87,25 +91,36 @@ async def _outcome(task: asyncio.Future[HookResult]) -> HookResult:
     return result
 
 
+def prompt_text(prompt: list[Any]) -> str:
+    """The text blocks of a prompt, joined: what recall is asked about."""
+    parts = [
+        b["text"]
+        for b in prompt
+        if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+    ]
+    return "\n".join(parts)
+
+
 class Interceptor:
     """The proxy's only state: hook runs waiting for a session id or a first prompt."""
 
-    def __init__(self, hook: Hook | None, inject: Inject) -> None:
+    def __init__(self, hook: Hook | None, inject: Inject, recall: Recaller | None = None) -> None:
         self.hook = hook
         self.inject = inject
+        self.recall = recall
         self._opening: dict[str, tuple[dict[str, Any], asyncio.Future[HookResult]]] = {}
         self._first_prompt: dict[str, asyncio.Future[HookResult]] = {}
 
     async def from_editor(self, line: bytes) -> bytes:
         """The line to send to the agent (the same bytes unless something is injected)."""
-        if self.hook is None:
+        if self.hook is None and self.recall is None:
             return line
         msg = _decode(line)
         params = msg.get("params") if msg else None
         if msg is None or not isinstance(params, dict) or "id" not in msg:
             return line
         method = msg.get("method")
-        if method in SESSION_OPENERS:
+        if method in SESSION_OPENERS and self.hook is not None:
             task = asyncio.ensure_future(self.hook())
             if self.inject is Inject.prompt:
                 self._opening[_id_key(msg)] = (params, task)
@@ -118,12 +133,16 @@ class Interceptor:
         if method == PROMPT:
             pending = self._first_prompt.pop(params.get("sessionId"), None)
             prompt = params.get("prompt")
-            if pending is None or not isinstance(prompt, list):
+            if not isinstance(prompt, list):
                 return line
-            text = (await _outcome(pending)).text
-            if text is None:
+            blocks: list[str] = []
+            if pending is not None and (text := (await _outcome(pending)).text) is not None:
+                blocks.append(text)
+            if self.recall is not None and (found := await self.recall(prompt_text(prompt))):
+                blocks.append(found)
+            if not blocks:
                 return line
-            params["prompt"] = [{"type": "text", "text": text}, *prompt]
+            params["prompt"] = [*({"type": "text", "text": b} for b in blocks), *prompt]
             return _encode(msg)
         return line
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -53,6 +53,7 @@ from cli.memory.results import (
     Refs,
     RelaySync,
     SetReport,
+    Similar,
     SyncReport,
     WriteResult,
     sha256_hex,
@@ -84,6 +85,9 @@ from engram import (
 )
 from engram.nip01 import Event
 
+if TYPE_CHECKING:  # numpy and the model load only when recall is used
+    from cli.memory.recall import Recall, Recalled
+
 __all__ = [
     "AgentMemory",
     "AgentMemoryError",
@@ -103,6 +107,7 @@ __all__ = [
     "RelayError",
     "RelaySync",
     "SetReport",
+    "Similar",
     "SyncReport",
     "WriteResult",
     "sha256_hex",
@@ -134,11 +139,18 @@ class AgentMemory:
     """
 
     def __init__(
-        self, identity: Identity, relays: str | Sequence[str], *, timeout: float = DEFAULT_TIMEOUT
+        self,
+        identity: Identity,
+        relays: str | Sequence[str],
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        recall_dir: Path | None = None,
     ) -> None:
         self.identity = identity
         self.relays = parse_relays(relays)
         self.timeout = timeout
+        self.recall_dir = recall_dir  # None: the user's data dir (`cli.memory.recall.cache`)
+        self._recall: Recall | None = None
 
     @property
     def read_only(self) -> bool:
@@ -341,6 +353,8 @@ class AgentMemory:
                 else f"{body.slug}: another write replaced this one (concurrent write)"
             )
         good = tuple(u for u in accepted if u in reread)
+        if self._recall is not None:
+            self._recall.written(body, event.id, created_at)
         text = body_text(body)
         report = self._report(session, checker, good)
         return WriteResult(
@@ -404,6 +418,37 @@ class AgentMemory:
         read = await self._everything()
         return read.merged, read.report
 
+    def recaller(self) -> Recall:
+        """This object's recall index (loaded on first use, then kept current)."""
+        if self._recall is None:
+            from cli.memory.recall import Recall
+
+            self._recall = Recall(
+                self.identity, self.relays, self.timeout, cache_dir=self.recall_dir
+            )
+        return self._recall
+
+    async def recall(self, query: str, limit: int = 10) -> Recalled:
+        """The live memories most relevant to `query`, best first (`Recalled.hits`).
+
+        Ranked on this machine (BM25 and a packaged embedding model, fused): the query and
+        the scores never leave it. The index is cached encrypted under the user's data dir
+        and brought up to the relays first (`cli.memory.recall.updater`)."""
+        if not query.strip():
+            raise BadInputError("the recall query is empty")
+        if limit < 1:
+            raise BadInputError("--limit must be at least 1")
+        return await self.recaller().recall(query, limit)
+
+    async def _similar(self, slug: str, value: str) -> tuple[Similar, ...]:
+        """Write-time hints: existing memories close to `value`; none if the index cannot
+        be read in time (a hint never fails a write)."""
+        try:
+            hits = await asyncio.wait_for(self.recaller().similar(value, slug), self.timeout)
+        except Exception:
+            return ()
+        return tuple(Similar(h.slug, round(h.score, 4), h.created_at, h.event_id) for h in hits)
+
     async def _everything(self) -> _Read:
         session = await self._session()
         try:
@@ -453,7 +498,11 @@ class AgentMemory:
     # -- writes --
 
     async def set(self, slug: str, value: str) -> WriteResult:
-        """Write `value` (for `core`: the profile) on every relay of the set."""
+        """Write `value` (for `core`: the profile) on every relay of the set.
+
+        `similar` in the result names existing memories whose cosine similarity to the
+        value is at least `RecallSettings.similar` (0.85): patch or merge them rather than
+        keep a near-duplicate. Nothing is refused for it."""
         self._writable()
         slug = self.slug(slug)
         body = self._body(slug, value)
@@ -461,9 +510,12 @@ class AgentMemory:
         try:
             checker = HeadChecker(self.identity)
             base = await self._read_slug(session, checker, slug)
-            return await self._write(session, checker, body, base)
+            result = await self._write(session, checker, body, base)
         finally:
             await session.close()
+        if slug == CORE_SLUG:
+            return result
+        return replace(result, similar=await self._similar(slug, value))
 
     async def patch(
         self, slug: str, diff: str, base_hash: str | None, *, dry_run: bool = False

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from cli.identity import Identity
 from cli.memory.api import AgentMemory
@@ -106,7 +107,56 @@ async def fetch_core(
         return Nothing(f"{type(exc).__name__}: {exc}")
 
 
-def _retrieve(task: asyncio.Future[HookResult]) -> None:
+RECALL_HEADER = "# Memories relevant to this prompt (engram recall)"
+RECALL_VALUE_CHARS = 600  # of each memory's value, on one line
+
+
+class RecallHook:
+    """`engram acp --recall N`: the N memories most relevant to a prompt, as text to
+    inject, or None (same rule as core: a failed, timed-out or empty recall injects
+    nothing, never "you have no memory").
+
+    One `AgentMemory` for the proxy's life, so its recall index stays in memory and follows
+    changes. A recall past `timeout` is not cancelled: it goes on warming the index for the
+    next prompt."""
+
+    def __init__(self, memory: AgentMemory, n: int, timeout: float) -> None:
+        self.memory = memory
+        self.n = n
+        self.timeout = timeout
+
+    async def __call__(self, text: str) -> str | None:
+        if not text.strip():
+            return None
+        task = asyncio.ensure_future(self.memory.recall(text[:4000], self.n))
+        done, _ = await asyncio.wait({task}, timeout=self.timeout)
+        if not done:
+            task.add_done_callback(_retrieve)
+            log_reason(f"recall not injected: no answer within {self.timeout:g} s")
+            return None
+        try:
+            found = task.result()
+        except Exception as exc:
+            log_reason(f"recall not injected: {type(exc).__name__}: {exc}")
+            return None
+        if not found.hits:
+            return None
+        lines = [RECALL_HEADER, ""]
+        for h in found.hits:
+            value = " ".join(h.value.split())
+            if len(value) > RECALL_VALUE_CHARS:
+                value = value[:RECALL_VALUE_CHARS] + "…"
+            lines.append(f"- [[{h.slug}]] (created_at {h.created_at}): {value}")
+        return "\n".join(lines)
+
+
+def log_reason(message: str) -> None:
+    import sys
+
+    print(f"engram acp: {message}", file=sys.stderr, flush=True)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
     """Consume a cancelled read's outcome so asyncio does not log it as never retrieved."""
     if not task.cancelled():
         task.exception()

@@ -55,9 +55,16 @@ INSTRUCTIONS = (
     f"prompt `{CORE_PROMPT}`. Link other memories from the profile or from each other as "
     "[[mem/slug]] so they stay reachable (memory_refs). To change a value, memory_get it "
     "(the result includes its sha256), then memory_patch with that base_hash; memory_set "
-    "replaces the whole value."
+    "replaces the whole value. To find a memory whose slug you do not know, ask "
+    "memory_recall in plain words."
 )
 DESCRIPTIONS = {
+    "memory_recall": (
+        "The memories most relevant to a question or a few words in plain language, best "
+        "first: slug, value, score (higher is better), created_at. Ranked locally after "
+        "decryption (words and embeddings, fused): the query never leaves this machine. Use "
+        "it before memory_set to find what you already know."
+    ),
     "memory_get": (
         "Read one memory. The first text block is the value exactly as stored; the second "
         "gives its sha256, the base_hash for memory_patch. `core` returns your profile. "
@@ -342,6 +349,21 @@ def build_server(memory: AgentMemory, timeout: float) -> EngramMCP:
 
         return await call(op)
 
+    async def memory_recall(query: QueryArg, limit: LimitArg = 10) -> CallToolResult:
+        async def op() -> CallToolResult:
+            from cli.memory.recall.present import hit_json
+
+            found = await memory.recall(query, limit)
+            rows = [hit_json(h, query) for h in found.hits]
+            lines = [
+                f"{r['slug']}\t{r['score']:.6f}\t{r['created_at']}\t{one_line(r['value'])}"
+                for r in rows
+            ]
+            text = "\n".join(lines) or "(no memories)"
+            return success([text], {"memories": rows}, found.report)
+
+        return await call(op)
+
     async def memory_refs() -> CallToolResult:
         async def op() -> CallToolResult:
             graph = await memory.refs()
@@ -374,6 +396,7 @@ def build_server(memory: AgentMemory, timeout: float) -> EngramMCP:
         (memory_hash, READ),
         (memory_list, READ),
         (memory_search, READ),
+        (memory_recall, READ),
         (memory_refs, READ),
     ]
     if not memory.read_only:
@@ -439,6 +462,13 @@ async def written(write: Awaitable[WriteResult], verb: str) -> CallToolResult:
         if said_no:
             where = "; ".join(f"{url}: {why}" for url, why in said_no.items())
             texts.append(f"note: not written on {where}")
+    if result.similar:  # write-time hints (memory_set): never a refusal
+        data["similar"] = [{"slug": n.slug, "score": n.score} for n in result.similar]
+        names = ", ".join(f"{n.slug} ({n.score:.2f})" for n in result.similar)
+        texts.append(
+            f"note: similar memories already exist: {names}; consider memory_patch on one of "
+            "them (or memory_delete the duplicate) rather than keeping near-duplicates"
+        )
     return success(texts, data, result.report)
 
 

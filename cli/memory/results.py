@@ -107,6 +107,18 @@ class WriteResult:
     refused: dict[str, str]
     report: SetReport
     value: str | None = None
+    similar: tuple[Similar, ...] = ()  # write-time hints (`set`): close existing memories
+
+
+@dataclass(frozen=True)
+class Similar:
+    """An existing memory close to a value just written: patch or merge it rather than
+    keep a near-duplicate. `score` is the cosine similarity of the two (1.0: the same)."""
+
+    slug: str
+    score: float
+    created_at: int
+    event_id: str
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,106 @@
+"""Dense embeddings, computed on this machine from weights that ship inside an installed
+package: nothing is downloaded, nothing is written, no torch.
+
+The default, `wordllama-256`, is WordLlama's `l2_supercat` model (Llama-2 token embeddings
+distilled for sentence similarity; 32,000 x 256 float16, 16 MB, in the `wordllama` wheel): a
+text's vector is the mean of its tokens' vectors, L2-normalised. The package's own loader
+is not imported: its inference module calls `logging.basicConfig` at import (it would
+reconfigure the logging of the MCP server and the ACP proxy) and its default look-up tries
+a download; its two files are read directly instead (`safetensors` and `tokenizers`, the
+libraries it uses itself). `tests/test_recall_lib.py` checks the vectors equal WordLlama's.
+
+An embedder is anything with `name`, `dim` and `embed(texts) -> float32 (n, dim)` rows of
+unit length; `load(name)` gives one by name (the name is kept in the cache, which is
+rebuilt when it changes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from functools import cache
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+DEFAULT_MODEL = "wordllama-256"
+MAX_TOKENS = 512  # per text: a value's first 512 tokens carry its topic
+
+
+class Embedder(Protocol):
+    name: str
+    dim: int
+
+    def embed(self, texts: list[str]) -> np.ndarray: ...
+
+
+def package_dir(name: str) -> Path:
+    """Where an installed package lives, found without importing it."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"the embedding model's package {name!r} is not installed (pip install -e .)"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+class StaticEmbedder:
+    """Mean of token vectors from a static table (WordLlama, model2vec-style models)."""
+
+    def __init__(self, name: str, table: np.ndarray, tokenizer_file: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.name = name
+        self.table = np.ascontiguousarray(table, dtype=np.float32)
+        self.dim = int(self.table.shape[1])
+        tok = Tokenizer.from_file(str(tokenizer_file))
+        tok.no_padding()
+        tok.enable_truncation(MAX_TOKENS)
+        self._tok = tok
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        encodings = self._tok.encode_batch(texts, add_special_tokens=False)
+        lens = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(texts))
+        flat = np.fromiter(
+            (i for e in encodings for i in e.ids), dtype=np.int64, count=int(lens.sum())
+        )
+        has = lens > 0
+        if flat.size:
+            offsets = np.concatenate(([0], np.cumsum(lens)[:-1]))[has]
+            sums = np.add.reduceat(self.table[flat], offsets, axis=0)
+            out[has] = sums / lens[has, None]
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        np.divide(out, norms, out=out, where=norms > 0)
+        return out
+
+
+def _wordllama(dim: int) -> StaticEmbedder:
+    from safetensors.numpy import load_file
+
+    root = package_dir("wordllama")
+    table = load_file(str(root / "weights" / "l2_supercat_256.safetensors"))["embedding.weight"]
+    return StaticEmbedder(
+        f"wordllama-{dim}",
+        table[:, :dim],  # Matryoshka-trained: a prefix of the vector is a smaller model
+        root / "tokenizers" / "l2_supercat_tokenizer_config.json",
+    )
+
+
+MODELS = {
+    "wordllama-256": lambda: _wordllama(256),
+    "wordllama-128": lambda: _wordllama(128),
+    "wordllama-64": lambda: _wordllama(64),
+}
+
+
+@cache
+def load(name: str = DEFAULT_MODEL) -> Embedder:
+    """The embedder called `name` (loaded once per process)."""
+    try:
+        make = MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown embedding model {name!r}; known: {', '.join(MODELS)}") from None
+    return make()

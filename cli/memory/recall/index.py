@@ -1,0 +1,212 @@
+"""The recall index of one agent's memory: the live heads (slug -> event id, created_at,
+value), a BM25 index of their words and a matrix of their unit vectors, row by row.
+
+Pure and in memory: `cli.memory.recall.cache` stores it, `cli.memory.recall.updater` feeds
+it from the relays. Which heads are live is decided by `engram.is_live` (the listing's
+rule), here and nowhere else in recall.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from cli.memory.recall import fusion
+from cli.memory.recall.dense import Embedder
+from cli.memory.recall.lexical import Lexical
+from cli.memory.recall.text import slug_words, terms
+from engram import Body, Head, beats, body_text, is_live
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the index knows of a slug's head: enough to apply the head rule to a newer
+    event, and the value when the head is live (None: a tombstone, core, or not live)."""
+
+    event_id: str
+    created_at: int
+    value: str | None
+
+
+@dataclass(frozen=True)
+class Hit:
+    slug: str
+    value: str
+    score: float
+    created_at: int
+    event_id: str
+    lexical_rank: int | None = None  # 1-based, None when outside that ranker's depth
+    dense_rank: int | None = None
+    similarity: float = 0.0  # cosine of query and memory vectors
+
+
+def live_value(body: Body) -> str | None:
+    """The text recall indexes for a head: its value when `engram.is_live`, else None."""
+    return body_text(body) if is_live(body) else None
+
+
+def doc_text(slug: str, value: str) -> str:
+    return f"{slug_words(slug)}. {value}"
+
+
+class RecallIndex:
+    def __init__(self, embedder: Embedder) -> None:
+        self.embedder = embedder
+        self.heads: dict[str, Known] = {}
+        self.lexical = Lexical()
+        self._row_of: dict[str, int] = {}
+        self._slug_at: list[str | None] = []
+        self._vectors = np.zeros((0, embedder.dim), dtype=np.float32)
+        self._alive = np.zeros(0, dtype=bool)
+        self._dead = 0
+
+    # -- state -----------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._row_of)
+
+    def knows(self, event_id: str) -> bool:
+        """Whether `event_id` is the head of some slug here (verified when it arrived)."""
+        return event_id in self._ids
+
+    @property
+    def _ids(self) -> set[str]:
+        ids = getattr(self, "_id_set", None)
+        if ids is None:
+            ids = self._id_set = {k.event_id for k in self.heads.values()}
+        return ids
+
+    def newest(self) -> int:
+        return max((k.created_at for k in self.heads.values()), default=0)
+
+    def vectors(self) -> tuple[list[str], np.ndarray]:
+        """Live slugs in row order and their vectors (for the cache)."""
+        rows = sorted(self._row_of.values())
+        return [self._slug_at[r] or "" for r in rows], self._vectors[rows]
+
+    # -- updates ---------------------------------------------------------------------
+
+    def apply(self, heads: Iterable[Head]) -> int:
+        """Take every head that beats what the index holds for its slug (spec: *Head
+        selection*); returns how many changed. New live values are embedded in one batch."""
+        return self.apply_known(
+            (h.body.slug, Known(h.event.id, h.event.created_at, live_value(h.body))) for h in heads
+        )
+
+    def apply_known(self, entries: Iterable[tuple[str, Known]]) -> int:
+        """`apply` for heads already reduced to `Known` (a write this process made)."""
+        changed: dict[str, Known] = {}
+        for slug, k in entries:
+            prior = changed.get(slug) or self.heads.get(slug)
+            if prior is not None and not beats(
+                k.created_at, k.event_id, prior.created_at, prior.event_id
+            ):
+                continue
+            changed[slug] = k
+        self.put(changed)
+        return len(changed)
+
+    def put(self, known: dict[str, Known], vectors: np.ndarray | None = None) -> None:
+        """Set these slugs' heads as given (no head rule: the caller applied it); `vectors`,
+        when given, are the live ones' vectors in the order of `known`'s live entries."""
+        if not known:
+            return
+        ids = self._ids
+        for slug, k in known.items():
+            old = self.heads.get(slug)
+            if old is not None:
+                ids.discard(old.event_id)
+                self._drop(slug)
+            self.heads[slug] = k
+            ids.add(k.event_id)
+        live = [(s, k.value) for s, k in known.items() if k.value is not None]
+        if not live:
+            return
+        if vectors is None:
+            vectors = self.embedder.embed([doc_text(s, v) for s, v in live])
+        start = len(self._slug_at)
+        self._reserve(start + len(live))
+        self._vectors[start : start + len(live)] = vectors
+        self._alive[start : start + len(live)] = True
+        for offset, (slug, value) in enumerate(live):
+            row = start + offset
+            self._slug_at.append(slug)
+            self._row_of[slug] = row
+            self.lexical.add(row, terms(doc_text(slug, value)))
+
+    def _reserve(self, size: int) -> None:
+        if size <= len(self._vectors):
+            return
+        cap = max(size, 2 * len(self._vectors), 1024)
+        grown = np.zeros((cap, self.embedder.dim), dtype=np.float32)
+        grown[: len(self._vectors)] = self._vectors
+        self._vectors = grown
+        alive = np.zeros(cap, dtype=bool)
+        alive[: len(self._alive)] = self._alive
+        self._alive = alive
+
+    def _drop(self, slug: str) -> None:
+        row = self._row_of.pop(slug, None)
+        if row is None:
+            return
+        self._alive[row] = False
+        self._slug_at[row] = None
+        self.lexical.remove(row)
+        self._dead += 1
+        if self._dead > 1024 and self._dead > len(self._row_of):
+            self.lexical.compact()
+            self._dead = 0
+
+    # -- queries ---------------------------------------------------------------------
+
+    def _size(self) -> int:
+        return len(self._slug_at)
+
+    def _hit(self, row: int, score: float, sim: float, lex: int | None, den: int | None) -> Hit:
+        slug = self._slug_at[row] or ""
+        k = self.heads[slug]
+        return Hit(slug, k.value or "", score, k.created_at, k.event_id, lex, den, sim)
+
+    def rank(self, query: str, limit: int, mode: str = "fused") -> list[Hit]:
+        """The `limit` live memories best for `query`, best first.
+
+        mode: "fused" (the default), "lexical" or "dense" (for evaluation). Ties go to the
+        newer memory, then the slug, so the order is stable for the same index."""
+        n = self._size()
+        if not n or limit < 1 or not len(self):
+            return []
+        alive = self._alive[:n]
+        lex_scores = self.lexical.scores(terms(query), n)
+        qv = self.embedder.embed([query])[0]
+        sims = self._vectors[:n] @ qv
+        depth = max(fusion.DEPTH, limit)
+        lex_rows = fusion.top(lex_scores, alive & (lex_scores > 0), depth)
+        den_rows = fusion.top(sims, alive, depth)
+        lex_rank = {r: i + 1 for i, r in enumerate(lex_rows.tolist())}
+        den_rank = {r: i + 1 for i, r in enumerate(den_rows.tolist())}
+        if mode == "lexical":
+            scored = {r: float(lex_scores[r]) for r in lex_rows.tolist()}
+        elif mode == "dense":
+            scored = {r: float(sims[r]) for r in den_rows.tolist()}
+        else:
+            scored = fusion.rrf(
+                [(lex_rows, fusion.LEXICAL_WEIGHT), (den_rows, fusion.DENSE_WEIGHT)]
+            )
+        hits = [
+            self._hit(r, s, float(sims[r]), lex_rank.get(r), den_rank.get(r))
+            for r, s in scored.items()
+        ]
+        hits.sort(key=lambda h: (-h.score, -h.created_at, h.slug))
+        return hits[:limit]
+
+    def similar(self, text: str, limit: int, threshold: float, exclude: str = "") -> list[Hit]:
+        """Live memories whose vector is at least `threshold` (cosine) from `text`'s."""
+        n = self._size()
+        if not n or not len(self):
+            return []
+        sims = self._vectors[:n] @ self.embedder.embed([text])[0]
+        rows = fusion.top(sims, self._alive[:n] & (sims >= threshold), limit + 1)
+        hits = [self._hit(r, float(sims[r]), float(sims[r]), None, None) for r in rows.tolist()]
+        return [h for h in hits if h.slug != exclude][:limit]

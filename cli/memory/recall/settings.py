@@ -1,0 +1,28 @@
+"""Recall's defaults, in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cli.memory.recall.dense import DEFAULT_MODEL
+
+
+@dataclass(frozen=True)
+class RecallSettings:
+    model: str = DEFAULT_MODEL
+    limit: int = 10  # memories per recall
+    snippet: int = 100  # characters of a value shown in plain output
+    # Write-time hints: memories whose cosine similarity to the value written is at least
+    # this are named by `set` (see bench/RESULTS.md: paraphrases of one fact mostly score
+    # above it, different facts about the same person or project mostly below).
+    similar: float = 0.85
+    similar_limit: int = 3
+    # A long-running process asks each relay only for events newer than the newest it has
+    # seen (`since`, one round trip); every `reconcile_seconds` it checks exactly (NIP-77
+    # against the index where the relay serves it, else `since` paging from `slack`
+    # seconds before the newest), which also catches writers with slow clocks.
+    reconcile_seconds: float = 60.0
+    slack: int = 600  # engram.FUTURE_SKEW_MAX: the clock skew a write may carry
+
+
+SETTINGS = RecallSettings()
