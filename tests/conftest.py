@@ -6,6 +6,7 @@ server named by ENGRAM_TEST_DATABASE_URL (a role that may CREATE DATABASE).
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -26,6 +27,13 @@ from relay.store.postgres import PostgresStore
 
 # Relay-process fixtures (`start_relay`, `relay`) live in tests/relay_fixtures.py.
 pytest_plugins = ["relay_fixtures"]
+
+# The user's data directory of every `engram` process the tests start (and of this one):
+# `engram mem set` and `recall` keep their encrypted recall cache there, never in the real
+# home of whoever runs the suite. One per worker, removed at exit.
+_data_home = tempfile.mkdtemp(prefix="engram-test-data-")
+os.environ["XDG_DATA_HOME"] = _data_home
+atexit.register(shutil.rmtree, _data_home, True)
 
 # --- Hypothesis profiles: the one place they are registered ------------------------------
 # No per-example deadline anywhere: a property test must not fail because a loaded 2-core

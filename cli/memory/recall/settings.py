@@ -17,10 +17,13 @@ class RecallSettings:
     # above it, different facts about the same person or project mostly below).
     similar: float = 0.85
     similar_limit: int = 3
-    # A long-running process asks each relay only for events newer than the newest it has
-    # seen (`since`, one round trip); every `reconcile_seconds` it checks exactly (NIP-77
-    # against the index where the relay serves it, else `since` paging from `slack`
-    # seconds before the newest), which also catches writers with slow clocks.
+    # A long-running process asks each relay only for events from `warm_slack` seconds
+    # before the newest it has seen (`since`, one round trip: a write by another process in
+    # the same second, or just behind a head whose created_at was bumped by the monotonic
+    # rule, is still seen); every `reconcile_seconds` it checks exactly (NIP-77 against the
+    # index where the relay serves it, else `since` paging from `slack` seconds before the
+    # newest), which also catches writers whose clocks run behind.
+    warm_slack: int = 5
     reconcile_seconds: float = 60.0
     slack: int = 600  # engram.FUTURE_SKEW_MAX: the clock skew a write may carry
 

@@ -139,7 +139,8 @@ class Recall:
                 got = await fetch_all(client, self._filter(), limit)
             elif not exact:
                 methods[url] = "since"
-                got = await fetch_all(client, self._filter(since=newest), limit)
+                since = max(newest - self.settings.warm_slack, 0)
+                got = await fetch_all(client, self._filter(since=since), limit)
             else:
                 peer = Peer(client, self.identity.seckey, self._docs.get(url))
                 got = None
