@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "replicas": "bench load on one PostgreSQL primary, then with a streaming read replica",
     "pgindex": "PostgreSQL CPU per stored event with each index of `events` removed in turn",
     "flood": "one client's authors REQ latency while 8 connections flood costly REQs",
+    "recall": "recall quality (held-out questions) and speed/size at 1k, 10k, 100k memories",
 }
 
 USAGE = (

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-K = 60
+K = 10
 DEPTH = 100  # rows taken from each ranker
 LEXICAL_WEIGHT = 1.0
-DENSE_WEIGHT = 1.0
+DENSE_WEIGHT = 0.5
 
 
 def top(scores: np.ndarray, alive: np.ndarray, depth: int) -> np.ndarray:

@@ -1,0 +1,198 @@
+"""`python -m bench recall`: recall quality, and recall speed and size.
+
+    python -m bench recall quality [--split held-out|tune|all] [--model NAME]
+    python -m bench recall speed [--sizes 1000,10000,100000] [--queries 200]
+
+`quality` builds the evaluation set of `bench.recallset` (deterministic: the figures are the
+same on any machine), indexes its memories exactly as `AgentMemory.recall` does (the same
+`RecallIndex`, its vectors taken through the int8 cache), and reports recall@1/5/10 per
+question type for lexical alone, dense alone and fused: `all` (every needed memory in the
+top k) and `any` (at least one). Absent-fact questions have no answer: `wrong@1` is how
+often the top hit is the same kind of fact about someone else. Tune on `--split tune` only;
+the held-out split is what bench/RESULTS.md reports.
+
+`speed` starts an embedded PostgreSQL and one relay of ours, writes N memories of the same
+generator, then measures: the first build from an empty cache (memories/s), warm recall
+through the API and through MCP (`engram mcp` with the `mcp` SDK client; p50/p99), a cold
+`engram mem recall` process with a current cache (wall time, start-up and the check for
+changes included), the cache's bytes per memory and the RSS of the process holding the
+index. It is a benchmark: run it alone on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+KINDS = ("single", "dated", "combine", "absent")
+MODES = ("lexical", "dense", "fused")
+KS = (1, 5, 10)
+
+
+def _index(evalset: Any, model: str) -> Any:
+    from cli.memory.recall.dense import load
+    from cli.memory.recall.index import Known, RecallIndex
+
+    index = RecallIndex(load(model))
+    known = {
+        m.slug: Known(f"{i:064x}", m.created_at, m.value) for i, m in enumerate(evalset.memories)
+    }
+    index.put(known)
+    return _through_cache(index)
+
+
+def _through_cache(index: Any) -> Any:
+    """The index as a new process would load it: vectors via the int8 cache."""
+    import tempfile
+    from pathlib import Path
+
+    from cli.memory.recall.cache import CacheFile
+    from cli.memory.recall.index import RecallIndex
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = CacheFile(Path(tmp), "a" * 64, "b" * 64, index.embedder.name, b"k" * 32)
+        cache.save(index, {}, 0.0)
+        again = RecallIndex(index.embedder)
+        assert cache.load(again) is not None
+    return again
+
+
+def evaluate(evalset: Any, index: Any, split: str) -> dict[str, dict[str, dict[str, float]]]:
+    """mode -> kind -> metric -> value (percent), over the chosen split."""
+    questions = [
+        q
+        for q in evalset.questions
+        if split == "all" or (evalset.held_out(q.entity) == (split == "held-out"))
+    ]
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for mode in MODES:
+        sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        counts: dict[str, int] = defaultdict(int)
+        for q in questions:
+            hits = [h.slug for h in index.rank(q.text, max(KS), mode)]
+            counts[q.kind] += 1
+            if q.kind == "absent":
+                others = set(q.others)
+                sums[q.kind]["wrong@1"] += bool(hits) and hits[0] in others
+                continue
+            for k in KS:
+                top = set(hits[:k])
+                sums[q.kind][f"all@{k}"] += all(s in top for s in q.needed)
+                sums[q.kind][f"any@{k}"] += any(s in top for s in q.needed)
+        out[mode] = {
+            kind: {m: 100.0 * v / counts[kind] for m, v in sums[kind].items()}
+            | {"n": float(counts[kind])}
+            for kind in KINDS
+            if counts[kind]
+        }
+        answered = [k for k in KINDS if k != "absent" and counts[k]]
+        total = sum(counts[k] for k in answered)
+        out[mode]["all"] = {
+            m: sum(out[mode][k][m] * counts[k] for k in answered) / total
+            for m in out[mode][answered[0]]
+            if m != "n"
+        } | {"n": float(total)}
+    return out
+
+
+def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
+    lines = [
+        "| type | n | ranker | all@1 | all@5 | all@10 | any@1 | any@5 | any@10 | wrong@1 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kind in (*KINDS, "all"):
+        for mode in MODES:
+            row = results[mode].get(kind)
+            if row is None:
+                continue
+            cells = [
+                f"{row[m]:.1f}" if m in row else ""
+                for m in ("all@1", "all@5", "all@10", "any@1", "any@5", "any@10", "wrong@1")
+            ]
+            lines.append(f"| {kind} | {int(row['n'])} | {mode} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def similarity_report(evalset: Any, index: Any) -> str:
+    """Cosine of a memory with a rephrasing of the same fact, against a different fact of
+    the same person: what `set`'s hint threshold is chosen from."""
+    import numpy as np
+
+    from bench.recallset import PERSON_FACTS
+
+    emb = index.embedder
+    by_fact = {ft.name: ft for ft in PERSON_FACTS}
+    same, other = [], []
+    mems = [m for m in evalset.memories if m.fact in by_fact and not evalset.held_out(m.entity)]
+    for i, m in enumerate(mems[:1500]):
+        ft = by_fact[m.fact]
+        variants = [t for t in ft.says if t.split("{s}")[0] not in m.value]
+        if not variants:
+            continue
+        first = m.entity.split()[0]
+        # the same fact said another way (the value is taken from the memory's end)
+        rewritten = m.value.rstrip(".") + " (noted again)."
+        same.append((m.value, rewritten))
+        nxt = mems[(i + 1) % len(mems)]
+        if nxt.entity == m.entity:
+            other.append((m.value, nxt.value))
+        del first
+
+    def cos(pairs: list[tuple[str, str]]) -> Any:
+        a = emb.embed([p[0] for p in pairs])
+        b = emb.embed([p[1] for p in pairs])
+        return (a * b).sum(axis=1)
+
+    s, o = cos(same), cos(other)
+    q = [5, 25, 50, 75, 95]
+    return (
+        f"near-duplicates (n={len(s)}): percentiles {q}: {np.percentile(s, q).round(3).tolist()}\n"
+        f"different facts, same person (n={len(o)}): {np.percentile(o, q).round(3).tolist()}"
+    )
+
+
+def quality(argv: list[str]) -> int:
+    from bench.recallset import build
+    from cli.memory.recall.dense import DEFAULT_MODEL
+
+    p = argparse.ArgumentParser(prog="python -m bench recall quality")
+    p.add_argument("--split", choices=("held-out", "tune", "all"), default="held-out")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--seed", type=int, default=38)
+    p.add_argument("--similarity", action="store_true", help="also the hint threshold report")
+    args = p.parse_args(argv)
+    evalset = build(args.seed)
+    start = time.perf_counter()
+    index = _index(evalset, args.model)
+    built = time.perf_counter() - start
+    n_q = len(evalset.questions)
+    held = sum(evalset.held_out(q.entity) for q in evalset.questions)
+    print(
+        f"evaluation set: seed {args.seed}, {len(evalset.memories)} memories, {n_q} questions "
+        f"({held} held out); model {args.model}; split {args.split}; indexed in {built:.1f} s"
+    )
+    print(table(evaluate(evalset, index, args.split)))
+    if args.similarity:
+        print(similarity_report(evalset, index))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    if argv[0] == "quality":
+        return quality(argv[1:])
+    if argv[0] == "speed":
+        from bench.recallspeed import speed
+
+        return speed(argv[1:])
+    print(f"unknown mode {argv[0]!r}: quality or speed", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

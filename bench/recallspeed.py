@@ -1,0 +1,217 @@
+"""`python -m bench recall speed`: recall's latency, build rate and size on a local relay.
+
+For each size N (default 1k, 10k, 100k): a fresh agent/owner pair, N memories from the
+evaluation generator (`bench.recallset`, repeated under new slugs past its 5,405) written to
+one relay of ours on an embedded PostgreSQL (not timed), then:
+- first build: a new process runs `AgentMemory.recall` once with an empty cache (connect,
+  AUTH, paging, verifying and decrypting every event, embedding, indexing, saving the
+  cache); memories/s = N / that call's time (the model's load is reported apart);
+- warm: `--queries` recalls in that process (API), and through `engram mcp` with the `mcp`
+  SDK client (stdio): p50 / p99;
+- cold: `engram mem recall QUERY` as a process with a current cache, wall time (median and
+  worst of 5), start-up and the check for changes included;
+- size: the cache file's bytes per memory; RSS (max resident) of the processes holding the
+  index (the API process after its warm queries, and the cold CLI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = r"""
+import asyncio, json, resource, sys, time
+from pathlib import Path
+from cli.identity import load_identity
+from cli.memory.api import AgentMemory
+from cli.memory.recall.dense import load
+args = json.loads(sys.argv[1])
+t = time.perf_counter(); load(); model_s = time.perf_counter() - t
+ident = load_identity(None, args["owner"], None, env={"ENGRAM_PRIVATE_KEY": args["sk"]})
+mem = AgentMemory(ident, [args["url"]], timeout=3600, recall_dir=Path(args["dir"]))
+async def main():
+    t = time.perf_counter(); await mem.recall(args["queries"][0], 10)
+    build = time.perf_counter() - t
+    times = []
+    for q in args["queries"]:
+        t = time.perf_counter(); await mem.recall(q, 10); times.append(time.perf_counter() - t)
+    return build, times
+build, times = asyncio.run(main())
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"model_s": model_s, "build_s": build, "warm": times, "rss": rss}))
+"""
+
+
+def _pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+async def _load(url: str, sk: bytes, owner: str, n: int) -> None:
+    from bench.recallset import build
+    from cli.client import connect_relay
+    from engram import Memory, build_event
+
+    base = build().memories
+    client = await connect_relay(url, sk)
+    try:
+        batch = []
+        for i in range(n):
+            m = base[i % len(base)]
+            slug = m.slug if i < len(base) else f"{m.slug}-r{i // len(base)}"
+            body = Memory(slug=slug, value=m.value)
+            batch.append(
+                build_event(
+                    sk, owner, body, m.created_at + i // len(base), os.urandom(32), os.urandom(32)
+                )
+            )
+            if len(batch) == 2_000 or i == n - 1:
+                results = await client.try_publish_many(batch)
+                bad = [msg for ok, msg in results.values() if not ok]
+                if bad:
+                    raise RuntimeError(f"refused {len(bad)}: {bad[0]}")
+                batch = []
+    finally:
+        await client.close()
+
+
+async def _mcp(env: dict[str, str], queries: list[str]) -> list[float]:
+    from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "cli.main", "mcp", "--timeout", "3600"],
+        env=env,
+        cwd=str(ROOT),
+    )
+    with open(os.devnull, "w") as errlog:
+        async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=3600) as c:
+            await c.call_tool("memory_recall", {"query": queries[0]})  # loads the cache
+            times = []
+            for q in queries:
+                t = time.perf_counter()
+                result = await c.call_tool("memory_recall", {"query": q})
+                times.append(time.perf_counter() - t)
+                assert not result.is_error, result
+    return times
+
+
+def one_size(n: int, queries: list[str], workdir: Path) -> dict[str, Any]:
+    from bench.peers import Postgres, start_engram
+    from engram.nip01 import pubkey_of
+
+    pg = Postgres(workdir)
+    relay = None
+    try:
+        url_db, drop = pg.create_database()
+        env = {"ENGRAM_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}
+        relay = start_engram(workdir / "relay", ["--database-url", url_db], env)
+        sk, owner_sk = os.urandom(32), os.urandom(32)
+        owner = pubkey_of(owner_sk)
+        t = time.perf_counter()
+        asyncio.run(_load(relay.url, sk, owner, n))
+        print(f"  {n} memories written in {time.perf_counter() - t:.0f} s (not timed)")
+        data_home = workdir / "data"
+        cache_dir = data_home / "engram-relay" / "recall"
+        args = {
+            "owner": owner,
+            "sk": sk.hex(),
+            "url": relay.url,
+            "dir": str(cache_dir),
+            "queries": queries,
+        }
+        child = subprocess.run(
+            [sys.executable, "-c", CHILD, json.dumps(args)],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        api = json.loads(child.stdout)
+        (cache_file,) = cache_dir.glob("*.bin")
+        env_cli = {
+            **os.environ,
+            "ENGRAM_PRIVATE_KEY": sk.hex(),
+            "ENGRAM_OWNER": owner,
+            "ENGRAM_RELAY": relay.url,
+            "XDG_DATA_HOME": str(data_home),
+        }
+        mcp_times = asyncio.run(_mcp(env_cli, queries))
+        walls = []
+        for q in queries[:5]:
+            t = time.perf_counter()
+            subprocess.run(
+                [sys.executable, "-m", "cli.main", "mem", "recall", q],
+                env=env_cli,
+                cwd=ROOT,
+                capture_output=True,
+                check=True,
+            )
+            walls.append(time.perf_counter() - t)
+        cli_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        return {
+            "n": n,
+            "model_s": api["model_s"],
+            "build_s": api["build_s"],
+            "build_rate": n / api["build_s"],
+            "api_p50_ms": 1e3 * _pct(api["warm"], 50),
+            "api_p99_ms": 1e3 * _pct(api["warm"], 99),
+            "mcp_p50_ms": 1e3 * _pct(mcp_times, 50),
+            "mcp_p99_ms": 1e3 * _pct(mcp_times, 99),
+            "cold_median_s": statistics.median(walls),
+            "cold_max_s": max(walls),
+            "cache_bytes_per_memory": cache_file.stat().st_size / n,
+            "rss_api_mb": api["rss"] / 2**20,
+            "rss_children_max_mb": cli_rss / 2**20,
+        }
+    finally:
+        if relay is not None:
+            relay.stop()
+        pg.close()
+
+
+def speed(argv: list[str]) -> int:
+    from bench.recallset import build
+
+    p = argparse.ArgumentParser(prog="python -m bench recall speed")
+    p.add_argument("--sizes", default="1000,10000,100000")
+    p.add_argument("--queries", type=int, default=200)
+    args = p.parse_args(argv)
+    questions = [q.text for q in build().questions][: args.queries]
+    print(f"load: {os.getloadavg()[0]:.2f} (a benchmark wants < 0.5); {os.cpu_count()} CPUs")
+    rows = []
+    for n in (int(s) for s in args.sizes.split(",")):
+        workdir = Path(tempfile.mkdtemp(prefix="engram-recall-speed-"))
+        try:
+            row = one_size(n, questions, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        rows.append(row)
+        print("  " + json.dumps({k: round(v, 3) for k, v in row.items()}))
+    print(
+        "| memories | first build (memories/s) | API p50 / p99 ms | MCP p50 / p99 ms | "
+        "cold CLI median / worst s | cache bytes/memory | RSS API / CLI MB |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['n']:,} | {r['build_rate']:,.0f} | {r['api_p50_ms']:.1f} / "
+            f"{r['api_p99_ms']:.1f} | {r['mcp_p50_ms']:.1f} / {r['mcp_p99_ms']:.1f} | "
+            f"{r['cold_median_s']:.2f} / {r['cold_max_s']:.2f} | "
+            f"{r['cache_bytes_per_memory']:.0f} | {r['rss_api_mb']:.0f} / "
+            f"{r['rss_children_max_mb']:.0f} |"
+        )
+    return 0
