@@ -57,7 +57,7 @@ print(json.dumps({"model_s": model_s, "build_s": build, "warm": times, "rss": rs
 
 def _pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 async def _load(url: str, sk: bytes, owner: str, n: int) -> None:
@@ -117,7 +117,7 @@ def one_size(n: int, queries: list[str], workdir: Path) -> dict[str, Any]:
     pg = Postgres(workdir)
     relay = None
     try:
-        url_db, drop = pg.create_database()
+        url_db, _drop = pg.create_database()
         env = {"ENGRAM_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}
         relay = start_engram(workdir / "relay", ["--database-url", url_db], env)
         sk, owner_sk = os.urandom(32), os.urandom(32)
