@@ -51,7 +51,8 @@ async def main():
     return build, times
 build, times = asyncio.run(main())
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"model_s": model_s, "build_s": build, "warm": times, "rss": rss}))
+now = [int(x.split()[1]) * 1024 for x in open("/proc/self/status") if x.startswith("VmRSS")][0]
+print(json.dumps({"model_s": model_s, "build_s": build, "warm": times, "rss": rss, "rss_now": now}))
 """
 
 
@@ -175,6 +176,7 @@ def one_size(n: int, queries: list[str], workdir: Path) -> dict[str, Any]:
             "cold_max_s": max(walls),
             "cache_bytes_per_memory": cache_file.stat().st_size / n,
             "rss_api_mb": api["rss"] / 2**20,
+            "rss_api_now_mb": api["rss_now"] / 2**20,
             "rss_children_max_mb": cli_rss / 2**20,
         }
     finally:

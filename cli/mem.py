@@ -122,6 +122,13 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
+async def _then_close(mem: AgentMemory, coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        return await coro
+    finally:
+        await mem.close()
+
+
 def report(rep: SetReport, as_json: bool = False, drop_sync_hint: bool = False) -> None:
     """Everything the user should know about the relays, on stderr: warning lines, or with
     `--json` one JSON object (`{"report": {"failed", "behind", "incomplete", "skipped", …}}`)
@@ -203,7 +210,7 @@ def set_(
                 f"or use `engram mem rm {slug}` to delete it"
             )
     mem = memory(relay, owner, key_file, None, timeout)
-    result = run(mem.set(slug, value))
+    result = run(_then_close(mem, mem.set(slug, value)))
     _written(result)
     for near in result.similar:  # write-time hints: stderr, so stdout stays the event id
         warn(
@@ -415,7 +422,9 @@ def recall(
     """
     from cli.memory.recall.present import hit_json, hit_line
 
-    found = run(memory(relay, owner, key_file, agent, timeout).recall(query, limit))
+    mem = memory(relay, owner, key_file, agent, timeout)
+    mem.recaller().background = False  # a one-shot process: no exact check behind its back
+    found = run(_then_close(mem, mem.recall(query, limit)))
     report(found.report, json_out)
     if json_out:
         typer.echo(json.dumps([hit_json(h, query) for h in found.hits], ensure_ascii=False))

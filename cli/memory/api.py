@@ -428,6 +428,11 @@ class AgentMemory:
             )
         return self._recall
 
+    async def close(self) -> None:
+        """Close the connections the recall index keeps (other calls keep none)."""
+        if self._recall is not None:
+            await self._recall.close()
+
     async def recall(self, query: str, limit: int = 10) -> Recalled:
         """The live memories most relevant to `query`, best first (`Recalled.hits`).
 

@@ -25,6 +25,7 @@ import numpy as np
 
 DEFAULT_MODEL = "wordllama-256"
 MAX_TOKENS = 512  # per text: a value's first 512 tokens carry its topic
+BATCH = 512  # texts embedded at once
 
 
 class Embedder(Protocol):
@@ -51,7 +52,7 @@ class StaticEmbedder:
         from tokenizers import Tokenizer
 
         self.name = name
-        self.table = np.ascontiguousarray(table, dtype=np.float32)
+        self.table = table  # float16 as shipped: rows are widened when gathered
         self.dim = int(self.table.shape[1])
         tok = Tokenizer.from_file(str(tokenizer_file))
         tok.no_padding()
@@ -59,6 +60,14 @@ class StaticEmbedder:
         self._tok = tok
 
     def embed(self, texts: list[str]) -> np.ndarray:
+        """Unit vectors of `texts`, a batch at a time (the token vectors of a batch are
+        gathered at once: bounded, they bound the peak memory)."""
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(texts), BATCH):
+            out[start : start + BATCH] = self._embed(texts[start : start + BATCH])
+        return out
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
@@ -70,7 +79,7 @@ class StaticEmbedder:
         has = lens > 0
         if flat.size:
             offsets = np.concatenate(([0], np.cumsum(lens)[:-1]))[has]
-            sums = np.add.reduceat(self.table[flat], offsets, axis=0)
+            sums = np.add.reduceat(self.table[flat].astype(np.float32), offsets, axis=0)
             out[has] = sums / lens[has, None]
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         np.divide(out, norms, out=out, where=norms > 0)

@@ -139,7 +139,7 @@ class RecallIndex:
     def _reserve(self, size: int) -> None:
         if size <= len(self._vectors):
             return
-        cap = max(size, 2 * len(self._vectors), 1024)
+        cap = max(size, len(self._vectors) + len(self._vectors) // 4, 1024)  # RSS: +25%
         grown = np.zeros((cap, self.embedder.dim), dtype=np.float32)
         grown[: len(self._vectors)] = self._vectors
         self._vectors = grown

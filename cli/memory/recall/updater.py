@@ -18,12 +18,15 @@ as `ls` reads, then `engram.is_live` decides what is indexed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from cli.client import RelayClient, connect_relay, fetch_nip11, max_limit_of
+from cli.errors import AuthError, RelayError
 from cli.identity import Identity
 from cli.memory.heads import HeadChecker
 from cli.memory.recall.cache import CacheFile
@@ -34,12 +37,12 @@ from cli.memory.results import SetReport
 from cli.paging import Fetched, fetch_all
 from cli.peer import Peer, Unsupported
 from cli.reconcile import reconcile_items
-from cli.relayset import RelaySession
+from cli.relayset import _reason
 from engram import KIND_ENGRAM, Body, Head, beats, d_tag, merge_heads
 from engram.negentropy import Items
 from engram.nip01 import Event
 
-NEG_TIMEOUT = 10.0
+T = TypeVar("T")
 
 
 @dataclass
@@ -62,6 +65,7 @@ class Recall:
         cache_dir: Path | None = None,
         settings: RecallSettings = SETTINGS,
         persist: bool = True,
+        background: bool = True,
     ) -> None:
         self.identity = identity
         self.urls = list(relays)
@@ -77,6 +81,10 @@ class Recall:
         self._limits: dict[str, int | None] = {}
         self._slug_of_d: dict[str, str] = {}
         self._lock = asyncio.Lock()
+        self._clients: dict[str, RelayClient] = {}
+        self._started = False
+        self._exact_task: asyncio.Future[None] | None = None
+        self.background = background  # exact checks in the background (long-running owners)
         self.rebuilt = False  # the cache was missing or refused on load
         self._saved_newest: dict[str, int] = {}
 
@@ -95,7 +103,7 @@ class Recall:
         if payload is not None:
             self.newest = {u: t for u, t in payload.relays.items() if u in self.urls}
             self._saved_newest = dict(payload.relays)
-            self.checked = 0.0  # a new process checks exactly once
+            self.checked = payload.checked
         else:
             self.rebuilt = True
         self.index = index
@@ -119,97 +127,148 @@ class Recall:
             return True
         return beats(event.created_at, event.id, known.created_at, known.event_id)
 
-    async def _pull(
-        self, session: RelaySession, exact: bool, methods: dict[str, str]
-    ) -> tuple[dict[str, Fetched], dict[str, str]]:
-        assert self.index is not None
-        if exact or any(u not in self._limits for u in session.live):
-            self._limits.update(await session.max_limits())
-            self._docs.update(getattr(session, "nip11_docs", {}))
-        items: Items | None = None
-        incomplete: dict[str, str] = {}
+    # -- connections, kept for the object's life --------------------------------------------
 
-        async def one(client: Any) -> Fetched:
-            nonlocal items
-            url = client.url
-            limit = self._limits.get(url)
-            newest = self.newest.get(url)
-            if newest is None:
-                methods[url] = "req"
-                got = await fetch_all(client, self._filter(), limit)
-            elif not exact:
-                methods[url] = "since"
-                since = max(newest - self.settings.warm_slack, 0)
-                got = await fetch_all(client, self._filter(since=since), limit)
+    async def _client(self, url: str) -> RelayClient:
+        client = self._clients.get(url)
+        if client is None:
+            client = await connect_relay(url, self.identity.seckey, self.timeout)
+            self._clients[url] = client
+        if url not in self._docs:
+            try:
+                self._docs[url] = await fetch_nip11(url, self.timeout)
+            except RelayError:
+                self._docs[url] = {}
+            self._limits[url] = max_limit_of(self._docs[url])
+        return client
+
+    async def _on_each(
+        self, step: Callable[[RelayClient], Awaitable[T]]
+    ) -> tuple[dict[str, T], dict[str, str]]:
+        """`step` on every relay at once within `timeout`; (answers, relay -> why not).
+        A relay that fails loses its connection (the next call connects again)."""
+
+        async def one(url: str) -> T:
+            async with asyncio.timeout(self.timeout):
+                return await step(await self._client(url))
+
+        results = await asyncio.gather(*(one(u) for u in self.urls), return_exceptions=True)
+        answers: dict[str, T] = {}
+        failed: dict[str, str] = {}
+        errors: list[Exception] = []
+        for url, result in zip(self.urls, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                errors.append(result)
+                failed[url] = _reason(result)
+                client = self._clients.pop(url, None)
+                if client is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(client.close(), 1.0)
             else:
-                peer = Peer(client, self.identity.seckey, self._docs.get(url))
-                got = None
-                if peer.serves_negentropy:
-                    if items is None:
-                        items = Items.from_pairs(
-                            (k.created_at, bytes.fromhex(k.event_id))
-                            for k in self.index.heads.values()  # type: ignore[union-attr]
-                        )
-                    try:
-                        _, extra, _ = await reconcile_items(
-                            peer, items, self._filter(), min(NEG_TIMEOUT, self.timeout)
-                        )
-                        got = Fetched({e.id: e for e in await peer.fetch_ids(extra)})
-                        methods[url] = "negentropy"
-                    except Unsupported:
-                        await peer.neg_close()
-                if got is None:
-                    methods[url] = "req"
-                    since = max(newest - self.settings.slack, 0)
-                    got = await fetch_all(client, self._filter(since=since), limit)
-            if methods[url] != "negentropy":
-                why = got.why_incomplete(limit is not None)
-                if why is not None:
-                    incomplete[url] = why
-            return got
+                answers[url] = result
+        if not answers:
+            detail = "; ".join(f"{u}: {r}" for u, r in failed.items())
+            if len(self.urls) == 1 and isinstance(errors[0], AuthError | RelayError):
+                raise type(errors[0])(str(errors[0]))
+            auth = all(isinstance(e, AuthError) for e in errors)
+            raise (AuthError if auth else RelayError)(f"no relay answered ({detail})")
+        return answers, failed
 
-        fetched = await session.on_each(one)
-        session.raise_if_none(fetched)
-        return fetched, incomplete
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), 1.0)
+        if self._exact_task is not None:
+            self._exact_task.cancel()
+
+    # -- the exchange with the relays -------------------------------------------------------
+
+    async def _since(self, client: RelayClient, slack: int) -> Fetched:
+        newest = self.newest.get(client.url)
+        flt = self._filter() if newest is None else self._filter(since=max(newest - slack, 0))
+        return await fetch_all(client, flt, self._limits.get(client.url))
+
+    async def _exact(self, client: RelayClient) -> Fetched:
+        """NIP-77 of the index's heads against the relay; only what it lacks is fetched."""
+        assert self.index is not None
+        peer = Peer(client, self.identity.seckey, self._docs.get(client.url))
+        if not peer.serves_negentropy:
+            return Fetched()
+        items = Items.from_pairs(
+            (k.created_at, bytes.fromhex(k.event_id)) for k in self.index.heads.values()
+        )
+        try:
+            _, extra, _ = await reconcile_items(peer, items, self._filter(), self.timeout)
+        except Unsupported:
+            await peer.neg_close()
+            return Fetched()
+        return Fetched({e.id: e for e in await peer.fetch_ids(extra)})
+
+    def _apply(self, fetched: dict[str, Fetched], checker: HeadChecker) -> int:
+        views = []
+        for url, got in fetched.items():
+            events = list(got.events.values())
+            if events:
+                self.newest[url] = max(self.newest.get(url, 0), *(e.created_at for e in events))
+            views.append(checker.heads(e for e in events if self._could_change(e)))
+        return self._take(list(merge_heads(views).values()))
 
     async def refresh(self) -> tuple[SetReport, int, dict[str, str]]:
-        """Bring the index up to the relays; (report, heads changed, relay -> method)."""
+        """Bring the index up to the relays; (report, heads changed, relay -> method).
+
+        The first call of a process asks from `slack` seconds before the newest event the
+        cache has seen (everything, for a relay new to the cache), later ones from
+        `warm_slack`; an exact NIP-77 check runs in the background when one is due."""
         async with self._lock:
             self._open()
-            exact = time.time() - self.checked >= self.settings.reconcile_seconds
-            session = RelaySession(self.urls, self.identity.seckey, self.timeout)
-            methods: dict[str, str] = {}
-            try:
-                await session.connect()
-                session.raise_if_none(session.live)
-                fetched, incomplete = await self._pull(session, exact, methods)
-            finally:
-                await session.close()
+            first = not self._started
+            slack = self.settings.slack if first else self.settings.warm_slack
+            methods = {u: ("since" if u in self.newest else "req") for u in self.urls}
+            fetched, failed = await self._on_each(lambda c: self._since(c, slack))
+            self._started = True
+            incomplete = {
+                u: why
+                for u, got in fetched.items()
+                if (why := got.why_incomplete(self._limits.get(u) is not None)) is not None
+            }
             checker = HeadChecker(self.identity)
-            views = []
-            for url, got in fetched.items():
-                events = list(got.events.values())
-                if events:
-                    newest = max(e.created_at for e in events)
-                    self.newest[url] = max(self.newest.get(url, 0), newest)
-                else:
-                    self.newest.setdefault(url, 0)
-                views.append(checker.heads(e for e in events if self._could_change(e)))
-            merged = merge_heads(views)
-            changed = self._take(list(merged.values()))
-            if exact and not session.failed:
-                self.checked = time.time()
+            changed = self._apply(fetched, checker)
             if changed or self.rebuilt or self.newest != self._saved_newest:
                 self._save()
                 self.rebuilt = False
+            self._maybe_check_exactly()
             report = SetReport(
                 relays=tuple(self.urls),
                 answered=tuple(u for u in self.urls if u in fetched),
-                failed=session.reasons(),
+                failed=failed,
                 incomplete=incomplete,
                 skipped=dict(checker.skipped),
             )
             return report, changed, methods
+
+    def _maybe_check_exactly(self) -> None:
+        """Start the exact check (NIP-77) in the background when it is due: it catches a
+        writer whose clock runs far behind, or events copied in from another relay, and
+        never delays a call (a relay may take seconds to list a large memory)."""
+        due = time.time() - self.checked >= self.settings.reconcile_seconds
+        if not due or not self.background or ((t := self._exact_task) and not t.done()):
+            return
+
+        async def run() -> None:
+            try:
+                fetched, failed = await self._on_each(self._exact)
+            except Exception:
+                return
+            async with self._lock:
+                self._apply(fetched, HeadChecker(self.identity))
+                if not failed:
+                    self.checked = time.time()
+                self._save()
+
+        self._exact_task = asyncio.ensure_future(run())
 
     def _take(self, heads: list[Head]) -> int:
         assert self.index is not None
