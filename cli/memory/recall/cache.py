@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from cli.memory.recall.index import Known, RecallIndex
+from cli.memory.recall.index import Known, RecallIndex, dequantize, quantize
 
 MAGIC = b"engram-recall-cache/1\n"
 KEY_LABEL = b"engram/recall-cache/v1"
@@ -92,7 +92,7 @@ class CacheFile:
                 return None
         except (InvalidTag, ValueError, msgspec.DecodeError, msgspec.ValidationError):
             return None
-        vectors = q.reshape(live, dim).astype(np.float32) * scales[:, None]
+        vectors = dequantize(q.reshape(live, dim), scales)
         index.put(
             {
                 s: Known(i, c, v)
@@ -112,9 +112,7 @@ class CacheFile:
         order = {s: i for i, s in enumerate(live_slugs)}
         rows = [order[s] for s, k in zip(slugs, known, strict=True) if k.value is not None]
         vectors = vectors[rows] if rows else np.zeros((0, index.embedder.dim), np.float32)
-        peak = np.abs(vectors).max(axis=1) if len(vectors) else np.zeros(0, np.float32)
-        scales = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
-        q = np.rint(vectors / scales[:, None]).astype(np.int8)
+        q, scales = quantize(vectors)
         payload = Payload(
             slugs,
             [k.event_id for k in known],

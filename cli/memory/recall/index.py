@@ -42,6 +42,17 @@ class Hit:
     similarity: float = 0.0  # cosine of query and memory vectors
 
 
+def quantize(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int8 rows and a float32 scale per row (how the cache stores vectors)."""
+    peak = np.abs(vectors).max(axis=1) if len(vectors) else np.zeros(0, np.float32)
+    scales = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
+    return np.rint(vectors / scales[:, None]).astype(np.int8), scales
+
+
+def dequantize(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    return q.astype(np.float32) * scales[:, None]
+
+
 def live_value(body: Body) -> str | None:
     """The text recall indexes for a head: its value when `engram.is_live`, else None."""
     return body_text(body) if is_live(body) else None
@@ -124,8 +135,8 @@ class RecallIndex:
         live = [(s, k.value) for s, k in known.items() if k.value is not None]
         if not live:
             return
-        if vectors is None:
-            vectors = self.embedder.embed([doc_text(s, v) for s, v in live])
+        if vectors is None:  # as the cache will give them back: one index, one ranking
+            vectors = dequantize(*quantize(self.embedder.embed([doc_text(s, v) for s, v in live])))
         start = len(self._slug_at)
         self._reserve(start + len(live))
         self._vectors[start : start + len(live)] = vectors
