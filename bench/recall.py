@@ -117,41 +117,45 @@ def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
 
 
 def similarity_report(evalset: Any, index: Any) -> str:
-    """Cosine of a memory with a rephrasing of the same fact, against a different fact of
-    the same person: what `set`'s hint threshold is chosen from."""
+    """Cosine (as `set`'s hints compute it) of a memory with the same fact said with
+    another of its type's phrasings under another slug (a near-duplicate an agent might
+    write), against a different fact of the same person and a memory of someone else:
+    what `RecallSettings.similar` is chosen from (tuning split only)."""
     import numpy as np
 
     from bench.recallset import PERSON_FACTS
+    from cli.memory.recall.index import doc_text
 
-    emb = index.embedder
-    by_fact = {ft.name: ft for ft in PERSON_FACTS}
-    same, other = [], []
-    mems = [m for m in evalset.memories if m.fact in by_fact and not evalset.held_out(m.entity)]
-    for i, m in enumerate(mems[:1500]):
-        ft = by_fact[m.fact]
-        variants = [t for t in ft.says if t.split("{s}")[0] not in m.value]
-        if not variants:
-            continue
-        first = m.entity.split()[0]
-        # the same fact said another way (the value is taken from the memory's end)
-        rewritten = m.value.rstrip(".") + " (noted again)."
-        same.append((m.value, rewritten))
+    says = {ft.name: ft.says for ft in PERSON_FACTS}
+    mems = [m for m in evalset.memories if m.said and not evalset.held_out(m.entity)][:2000]
+    dup, same_person, other = [], [], []
+    for i, m in enumerate(mems):
+        again = [t for t in says[m.fact] if t.format(**m.said) != m.value]
+        dup.append((doc_text(m.slug, m.value), doc_text(m.slug + "-2", again[0].format(**m.said))))
         nxt = mems[(i + 1) % len(mems)]
         if nxt.entity == m.entity:
-            other.append((m.value, nxt.value))
-        del first
+            same_person.append((doc_text(m.slug, m.value), doc_text(nxt.slug, nxt.value)))
+        far = mems[(i + 97) % len(mems)]
+        if far.entity != m.entity:
+            other.append((doc_text(m.slug, m.value), doc_text(far.slug, far.value)))
 
     def cos(pairs: list[tuple[str, str]]) -> Any:
-        a = emb.embed([p[0] for p in pairs])
-        b = emb.embed([p[1] for p in pairs])
+        a = index.embedder.embed([p[0] for p in pairs])
+        b = index.embedder.embed([p[1] for p in pairs])
         return (a * b).sum(axis=1)
 
-    s, o = cos(same), cos(other)
     q = [5, 25, 50, 75, 95]
-    return (
-        f"near-duplicates (n={len(s)}): percentiles {q}: {np.percentile(s, q).round(3).tolist()}\n"
-        f"different facts, same person (n={len(o)}): {np.percentile(o, q).round(3).tolist()}"
-    )
+    lines = []
+    for name, pairs in (
+        ("near-duplicates", dup),
+        ("another fact, same person", same_person),
+        ("someone else's fact", other),
+    ):
+        c = cos(pairs)
+        lines.append(
+            f"{name} (n={len(c)}): cosine percentiles {q}: {np.percentile(c, q).round(3).tolist()}"
+        )
+    return "\n".join(lines)
 
 
 def quality(argv: list[str]) -> int:

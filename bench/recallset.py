@@ -664,6 +664,7 @@ class Memory:
     created_at: int
     entity: str
     fact: str  # fact type name
+    said: dict[str, str] = field(default_factory=dict)  # the template's fields (s, v, org)
 
 
 @dataclass
@@ -741,7 +742,8 @@ def build(seed: int = 38, people: int = 380, projects: int = 60, notes: int = 40
                 value = rng.choice(ft.values)
             first = name.split()[0] if rng.random() < 0.5 else name
             text = rng.choice(ft.says).format(s=first, v=value, org=org_of[name])
-            add(name, ft.name, f"mem/people/{key}/{rng.choice(SLUG_NAMES[ft.name])}", text)
+            mem = add(name, ft.name, f"mem/people/{key}/{rng.choice(SLUG_NAMES[ft.name])}", text)
+            mem.said = {"s": first, "v": value, "org": org_of[name]}
         have = {ft.name for ft in kinds}
         for ft in kinds:
             if ft.dated:

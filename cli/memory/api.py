@@ -449,7 +449,7 @@ class AgentMemory:
         """Write-time hints: existing memories close to `value`; none if the index cannot
         be read in time (a hint never fails a write)."""
         try:
-            hits = await asyncio.wait_for(self.recaller().similar(value, slug), self.timeout)
+            hits = await asyncio.wait_for(self.recaller().similar(slug, value), self.timeout)
         except Exception:
             return ()
         return tuple(Similar(h.slug, round(h.score, 4), h.created_at, h.event_id) for h in hits)
@@ -506,7 +506,7 @@ class AgentMemory:
         """Write `value` (for `core`: the profile) on every relay of the set.
 
         `similar` in the result names existing memories whose cosine similarity to the
-        value is at least `RecallSettings.similar` (0.85): patch or merge them rather than
+        value is at least `RecallSettings.similar` (0.80): patch or merge them rather than
         keep a near-duplicate. Nothing is refused for it."""
         self._writable()
         slug = self.slug(slug)

@@ -212,12 +212,13 @@ class RecallIndex:
         hits.sort(key=lambda h: (-h.score, -h.created_at, h.slug))
         return hits[:limit]
 
-    def similar(self, text: str, limit: int, threshold: float, exclude: str = "") -> list[Hit]:
-        """Live memories whose vector is at least `threshold` (cosine) from `text`'s."""
+    def similar(self, slug: str, value: str, limit: int, threshold: float) -> list[Hit]:
+        """Live memories (`slug` itself excluded) whose vector's cosine with the one this
+        memory would have is at least `threshold`."""
         n = self._size()
         if not n or not len(self):
             return []
-        sims = self._vectors[:n] @ self.embedder.embed([text])[0]
+        sims = self._vectors[:n] @ self.embedder.embed([doc_text(slug, value)])[0]
         rows = fusion.top(sims, self._alive[:n] & (sims >= threshold), limit + 1)
         hits = [self._hit(r, float(sims[r]), float(sims[r]), None, None) for r in rows.tolist()]
-        return [h for h in hits if h.slug != exclude][:limit]
+        return [h for h in hits if h.slug != slug][:limit]

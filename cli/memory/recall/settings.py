@@ -12,10 +12,11 @@ class RecallSettings:
     model: str = DEFAULT_MODEL
     limit: int = 10  # memories per recall
     snippet: int = 100  # characters of a value shown in plain output
-    # Write-time hints: memories whose cosine similarity to the value written is at least
-    # this are named by `set` (see bench/RESULTS.md: paraphrases of one fact mostly score
-    # above it, different facts about the same person or project mostly below).
-    similar: float = 0.85
+    # Write-time hints: memories whose cosine similarity to the value written (slug words
+    # included, as indexed) is at least this are named by `set`. On the tuning split of
+    # `python -m bench recall quality --similarity`: 95% of near-duplicates (one fact said
+    # another way) score >= 0.80, 95% of other facts about the same person < 0.77.
+    similar: float = 0.80
     similar_limit: int = 3
     # A long-running process asks each relay only for events from `warm_slack` seconds
     # before the newest it has seen (`since`, one round trip: a write by another process in

@@ -291,12 +291,12 @@ class Recall:
         hits = self.index.rank(query, limit, mode)
         return Recalled(hits, report, changed, methods)
 
-    async def similar(self, text: str, exclude: str) -> list[Hit]:
-        """Live memories close to `text` (write-time hints), the slug written excluded."""
+    async def similar(self, slug: str, value: str) -> list[Hit]:
+        """Live memories close to `value` written at `slug` (write-time hints)."""
         await self.refresh()
         assert self.index is not None
         s = self.settings
-        return self.index.similar(text, s.similar_limit, s.similar, exclude)
+        return self.index.similar(slug, value, s.similar_limit, s.similar)
 
     def written(self, body: Body, event_id: str, created_at: int) -> None:
         """A write this process made and saw accepted: the index takes it at once (a
