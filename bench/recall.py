@@ -28,7 +28,7 @@ from collections import defaultdict
 from typing import Any
 
 KINDS = ("single", "dated", "combine", "absent")
-MODES = ("lexical", "dense", "fused")
+MODES = ("lexical", "dense", "rrf", "fused")
 KS = (1, 5, 10)
 
 

@@ -42,7 +42,14 @@ from cli.mcp import parse_http
 from engram.nip01 import Event, pubkey_of
 from engram.nip19 import nsec
 
-READ_TOOLS = {"memory_get", "memory_hash", "memory_list", "memory_search", "memory_refs"}
+READ_TOOLS = {
+    "memory_get",
+    "memory_hash",
+    "memory_list",
+    "memory_search",
+    "memory_recall",
+    "memory_refs",
+}
 WRITE_TOOLS = {"memory_set", "memory_patch", "memory_delete"}
 CALL_BOUND = 120.0  # generous outer bound for one MCP call on a loaded machine
 
@@ -200,6 +207,7 @@ async def test_tools_and_input_schemas(relay: RelayProcess, keys: Keys, tmp_path
         assert schema("memory_delete") == ({"slug"}, {"slug"})
         assert schema("memory_list") == (set(), set())
         assert schema("memory_search") == ({"query", "limit", "regex"}, {"query"})
+        assert schema("memory_recall") == ({"query", "limit"}, {"query"})
         assert schema("memory_refs") == (set(), set())
         base_hash = tools["memory_patch"].input_schema["properties"]["base_hash"]
         assert base_hash["type"] == "string" and "64" in base_hash["pattern"]

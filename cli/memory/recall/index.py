@@ -183,7 +183,7 @@ class RecallIndex:
     def rank(self, query: str, limit: int, mode: str = "fused") -> list[Hit]:
         """The `limit` live memories best for `query`, best first.
 
-        mode: "fused" (the default), "lexical" or "dense" (for evaluation). Ties go to the
+        mode: "fused" (the default), "lexical", "dense" or "rrf" (for evaluation). Ties go to the
         newer memory, then the slug, so the order is stable for the same index."""
         n = self._size()
         if not n or limit < 1 or not len(self):
@@ -201,10 +201,10 @@ class RecallIndex:
             scored = {r: float(lex_scores[r]) for r in lex_rows.tolist()}
         elif mode == "dense":
             scored = {r: float(sims[r]) for r in den_rows.tolist()}
+        elif mode == "rrf":
+            scored = fusion.rrf([(lex_rows, 1.0), (den_rows, 0.5)], fusion.K)
         else:
-            scored = fusion.rrf(
-                [(lex_rows, fusion.LEXICAL_WEIGHT), (den_rows, fusion.DENSE_WEIGHT)]
-            )
+            scored = fusion.weighted(lex_rows, den_rows, lex_scores, sims)
         hits = [
             self._hit(r, s, float(sims[r]), lex_rank.get(r), den_rank.get(r))
             for r, s in scored.items()
