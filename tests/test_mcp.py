@@ -389,6 +389,7 @@ EVERY_CALL = [
     ("memory_hash", {"slug": "notes/x"}),
     ("memory_list", {}),
     ("memory_search", {"query": "x"}),
+    ("memory_recall", {"query": "x"}),
     ("memory_refs", {}),
     ("memory_set", {"slug": "notes/x", "value": "v"}),
     ("memory_patch", {"slug": "notes/x", "diff": "", "base_hash": "0" * 64}),
