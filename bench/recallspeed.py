@@ -136,11 +136,10 @@ def one_size(n: int, queries: list[str], workdir: Path) -> dict[str, Any]:
             "queries": queries,
         }
         child = subprocess.run(
-            [sys.executable, "-c", CHILD, json.dumps(args)],
-            cwd=ROOT,
-            capture_output=True,
-            check=True,
+            [sys.executable, "-c", CHILD, json.dumps(args)], cwd=ROOT, capture_output=True
         )
+        if child.returncode:
+            raise RuntimeError(f"the API process failed: {child.stderr.decode()[-2000:]}")
         api = json.loads(child.stdout)
         (cache_file,) = cache_dir.glob("*.bin")
         env_cli = {

@@ -143,13 +143,35 @@ class Recall:
         return client
 
     async def _on_each(
-        self, step: Callable[[RelayClient], Awaitable[T]]
+        self, step: Callable[[RelayClient], Awaitable[T]], *, own: bool = False
     ) -> tuple[dict[str, T], dict[str, str]]:
         """`step` on every relay at once within `timeout`; (answers, relay -> why not).
-        A relay that fails loses its connection (the next call connects again)."""
+        A relay that fails loses its connection (the next call connects again). `own`:
+        on connections of its own, closed after (a client runs one request at a time, so
+        the background check never shares the calls' connections)."""
+
+        async def separate(url: str) -> T:
+            async with asyncio.timeout(self.timeout):
+                await self._client(url)  # NIP-11 known
+                client = await connect_relay(url, self.identity.seckey, self.timeout)
+                try:
+                    return await step(client)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(client.close(), 1.0)
 
         async def one(url: str) -> T:
+            if own:
+                return await separate(url)
             async with asyncio.timeout(self.timeout):
+                kept = self._clients.get(url)
+                if kept is not None:
+                    try:
+                        return await step(kept)
+                    except RelayError:  # a kept connection the relay has closed since
+                        self._clients.pop(url, None)
+                        with contextlib.suppress(Exception):
+                            await asyncio.wait_for(kept.close(), 1.0)
                 return await step(await self._client(url))
 
         results = await asyncio.gather(*(one(u) for u in self.urls), return_exceptions=True)
@@ -259,7 +281,7 @@ class Recall:
 
         async def run() -> None:
             try:
-                fetched, failed = await self._on_each(self._exact)
+                fetched, failed = await self._on_each(self._exact, own=True)
             except Exception:
                 return
             async with self._lock:
