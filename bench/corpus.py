@@ -43,11 +43,12 @@ from typing import Any
 import msgspec
 
 from bench.events import EventSet, cache_dir
+from engram.kinds import is_regular
 from engram.nip01 import event_id, pubkey_of, sign_event
 
 CORPORA = ("realistic", "skewed")
 KIND_MIX = {1: 60, 6: 8, 7: 20, 3: 3, 0: 2, 30023: 4}  # weights
-REGULAR = frozenset({1, 6, 7})
+REGULAR = frozenset(k for k in KIND_MIX if is_regular(k))  # every event kept (1, 6, 7)
 WORDS = 20_000  # content vocabulary
 HASHTAGS = 50_000
 PEOPLE_PER_AUTHOR = 5  # `p` values: authors first, then people who never post
@@ -60,6 +61,7 @@ BASE_TIME = 1_600_000_000  # 2020-09-13: 10M events 10 s apart end in 2023
 SPACING = 10
 JITTER = 300
 CHUNK = 100_000  # events per measured (and cached) ingest chunk
+DEFAULT_SIZES = (10_000, 100_000, 1_000_000)  # store sizes `bench scale` steps through
 _VERSION = 1
 
 # What each REQ shape asks for; the value classes are picked from the counts.

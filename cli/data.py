@@ -25,13 +25,13 @@ from typing import IO, TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli.common import ConfigOpt, DatabaseOpt, DataDirOpt, resolve_database_url, settings_or_exit
+from engram.kinds import KIND_DELETION
 from relay.store import DEFAULT_TENANT
 
 if TYPE_CHECKING:
     from relay.pipeline import Relay
     from relay.tenants import Tenant, TenantRegistry
 
-KIND_DELETION = 5
 READ_CHUNK = 1 << 20  # bytes of lines read at a time (in a thread: stdin may block)
 PROGRESS_EVERY = 256  # lines between two progress-bar updates
 

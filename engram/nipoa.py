@@ -21,11 +21,11 @@ from engram.errors import (
     ConditionsNotMetError,
     SelfAttestationError,
 )
+from engram.kinds import KIND_MAX
 from engram.nip01 import Event, is_hex, pubkey_of, verify_event
 
 AUTH_TAG = "auth"
 AUTH_DOMAIN = "nostr:agent-auth:"
-KIND_MAX = 65_535
 CREATED_AT_MAX = 4_294_967_295
 
 ClauseName = Literal["kind=", "created_at<", "created_at>"]

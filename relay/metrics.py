@@ -55,6 +55,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 
+from engram.kinds import is_ephemeral
 from relay import wire
 
 if TYPE_CHECKING:
@@ -197,7 +198,7 @@ def _reason(text: str) -> str:
 
 def event_result(tenant: str, kind: int, accepted: bool, text: str) -> None:
     """The outcome of one EVENT: what the relay answered in its OK."""
-    key = (tenant, accepted, 20000 <= kind < 30000, _reason(text))
+    key = (tenant, accepted, is_ephemeral(kind), _reason(text))
     child = _events.get(key)
     if child is None:
         reason = key[3]

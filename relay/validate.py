@@ -7,23 +7,13 @@ The BIP-340 verification runs last, so a flood of junk costs little CPU.
 from __future__ import annotations
 
 from engram import validate_engram_envelope
+from engram.kinds import KIND_MAX
+from engram.kinds import is_addressable as is_addressable  # re-exported: relay.store.sql
+from engram.kinds import is_ephemeral as is_ephemeral  # re-exported: relay.ingest
+from engram.kinds import is_replaceable as is_replaceable  # re-exported: relay.store.sql
 from engram.nip01 import Event, id_matches, is_hex, signature_valid_hex
 from relay.config import KIND_AUTH, KIND_ENGRAM, Limits
 from relay.wire import Reason
-
-MAX_KIND = 65535
-
-
-def is_ephemeral(kind: int) -> bool:
-    return 20000 <= kind < 30000
-
-
-def is_replaceable(kind: int) -> bool:
-    return kind in (0, 3) or 10000 <= kind < 20000
-
-
-def is_addressable(kind: int) -> bool:
-    return 30000 <= kind < 40000
 
 
 def check_shape(event: Event, limits: Limits, now: int) -> str | None:
@@ -34,8 +24,8 @@ def check_shape(event: Event, limits: Limits, now: int) -> str | None:
         return Reason.INVALID("pubkey must be 64 lower-case hex characters")
     if not is_hex(event.sig, 128):
         return Reason.INVALID("sig must be 128 lower-case hex characters")
-    if not 0 <= event.kind <= MAX_KIND:
-        return Reason.INVALID(f"kind must be between 0 and {MAX_KIND}")
+    if not 0 <= event.kind <= KIND_MAX:
+        return Reason.INVALID(f"kind must be between 0 and {KIND_MAX}")
     if event.created_at < 0:
         return Reason.INVALID("created_at must not be negative")
     if event.created_at > now + limits.created_at_upper_limit:
