@@ -44,6 +44,7 @@ __all__ = [
     "RelayError",
     "connect_relay",
     "fetch_nip11",
+    "limitation",
     "max_limit_of",
     "open_relay",
 ]
@@ -88,11 +89,17 @@ async def fetch_nip11(relay_url: str, timeout: float) -> dict[str, Any]:
     return doc
 
 
-def max_limit_of(nip11: dict[str, Any]) -> int | None:
-    """`limitation.max_limit` if the relay advertises a positive integer, else None."""
-    limitation = nip11.get("limitation")
-    value = limitation.get("max_limit") if isinstance(limitation, dict) else None
+def limitation(nip11: dict[str, Any], name: str) -> int | None:
+    """NIP-11 `limitation.<name>` if the relay advertises a positive integer, else None
+    (absent, malformed or zero: the client then keeps its own default)."""
+    limits = nip11.get("limitation")
+    value = limits.get(name) if isinstance(limits, dict) else None
     return value if isinstance(value, int) and value > 0 else None
+
+
+def max_limit_of(nip11: dict[str, Any]) -> int | None:
+    """`limitation.max_limit`: the most events the relay returns for one filter."""
+    return limitation(nip11, "max_limit")
 
 
 class RelayClient:

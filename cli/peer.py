@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from cli.client import RelayClient
+from cli.client import RelayClient, limitation
 from cli.errors import RelayError
 from cli.paging import Fetched, fetch_all
 from engram.negentropy import MIN_FRAME_SIZE, PROTOCOL_VERSION, Items
@@ -79,15 +79,10 @@ class Peer:
 
     # -- limits from NIP-11 --------------------------------------------------------
 
-    def _limitation(self, name: str) -> int | None:
-        lim = self.nip11.get("limitation")
-        value = lim.get(name) if isinstance(lim, dict) else None
-        return value if isinstance(value, int) and value > 0 else None
-
     @property
     def frame_limit(self) -> int:
         """Negentropy bytes per message this relay takes (hex doubles them)."""
-        max_len = self._limitation("max_message_length")
+        max_len = limitation(self.nip11, "max_message_length")
         if max_len is None:
             return DEFAULT_FRAME
         return max(MIN_FRAME_SIZE, min(MAX_FRAME, (max_len - 200) // 2))
@@ -95,7 +90,7 @@ class Peer:
     @property
     def max_limit(self) -> int | None:
         """The page size to ask for when the relay says its max_limit, else None."""
-        known = self._limitation("max_limit")
+        known = limitation(self.nip11, "max_limit")
         return min(known, MAX_PAGE) if known else None
 
     @property
