@@ -18,7 +18,6 @@ then ours/peer for every figure (ops/s: above 1 is ours faster; every other figu
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import os
 import platform
@@ -34,10 +33,20 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
-from bench import charts, load
+from bench import charts
 from bench.events import Keyring, load_events
-from bench.load import CLIENTS, FIGURES, HIGHER_IS_BETTER, PhaseResult, Profile, fmt, phase_title
+from bench.lanes import CLIENTS, raise_fd_limit, run_async
 from bench.peers import RELAYS, PeerError, Postgres, RelaySpec
+from bench.results import (
+    FIGURES,
+    HIGHER_IS_BETTER,
+    PhaseResult,
+    fmt,
+    machine,
+    phase_title,
+    write_results,
+)
+from bench.workload import Profile, add_profile_args, fanout_count, profile_from_args, run_load
 
 BEGIN, END = "<!-- compare:begin -->", "<!-- compare:end -->"
 DEFAULT_RELAYS = ("ours", "nostr-relay-sqlite", "nostr-relay-pg", "nostr-sdk")
@@ -92,25 +101,6 @@ class RelayRuns:
         return errors, notes
 
 
-def machine() -> str:
-    cpu = "?"
-    with contextlib.suppress(OSError, StopIteration):
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    mem = "?"
-    with contextlib.suppress(OSError, StopIteration, ValueError):
-        kb = next(
-            int(line.split()[1])
-            for line in Path("/proc/meminfo").read_text().splitlines()
-            if line.startswith("MemTotal")
-        )
-        mem = f"{kb / 2**20:.0f} GiB"
-    return f"{platform.platform()}; {os.cpu_count()} CPUs ({cpu}); {mem} RAM"
-
-
 def run_compare(
     keys: list[str],
     profile: Profile,
@@ -131,7 +121,7 @@ def run_compare(
     load_events("kind1", profile.events, warm)
     load_events("engram", profile.engrams, warm)
     for s in profile.subscribers:
-        load_events("fanout", load.fanout_count(profile), warm, variant=str(s))
+        load_events("fanout", fanout_count(profile), warm, variant=str(s))
     _ = warm.d_tags
     root = Path(tempfile.mkdtemp(prefix="engram-bench-compare-"))
     pg: Postgres | None = None
@@ -203,7 +193,7 @@ def _one(
         return
     try:
         p = Profile(**{**profile.__dict__, "events_per_conn": relay.events_per_conn})
-        results = load.run_async(load.run_load(relay.url, p, relay.pid, relay.pg_pid, say))
+        results = run_async(run_load(relay.url, p, relay.pid, relay.pg_pid, say))
         run.rounds.append(results)
         if relay.proc.poll() is not None:
             run.failures.append(f"exited during the run: {relay.log_tail(5)}")
@@ -320,17 +310,6 @@ def _writes(profile: Profile) -> str:
     return "one write per message"
 
 
-def write_results(path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
-    """Replace the generated block (between `begin` and `end`) of `path`, or append one."""
-    old = path.read_text() if path.exists() else ""
-    block = f"{begin}\n{text}\n{end}"
-    if begin in old and end in old:
-        new = old[: old.index(begin)] + block + old[old.index(end) + len(end) :]
-    else:
-        new = (old.rstrip() + "\n\n" if old else "") + block + "\n"
-    path.write_text(new)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench compare",
@@ -352,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="before each relay's run, wait up to this many seconds for the 1-minute load"
         f" average to fall below {QUIET_LOAD} (0: do not wait); the value is reported",
     )
-    load.add_profile_args(p)
+    add_profile_args(p)
     return p
 
 
@@ -364,8 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown relay(s): {', '.join(unknown)}; known: {', '.join(RELAYS)}")
         return 2
-    profile = load.profile_from_args(args)
-    load.raise_fd_limit()  # inherited by the relays: 1,000 subscribers need descriptors
+    profile = profile_from_args(args)
+    raise_fd_limit()  # inherited by the relays: 1,000 subscribers need descriptors
     t0 = time.monotonic()
     runs, pg_settings = run_compare(
         keys, profile, max(1, args.rounds), keep_logs=args.keep_logs, settle_seconds=args.settle
@@ -385,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             print("charts: " + ", ".join(map(str, made)))
         else:
             print(charts.SKIPPED)
-        write_results(args.results, text)
+        write_results(args.results, text, BEGIN, END)
         print(f"wrote {args.results}")
     return 0 if any(r.rounds for r in runs) else 1
 

@@ -21,14 +21,10 @@ import msgspec
 import websockets
 
 from bench.peers import Running, start_engram
+from bench.results import quantile
 from engram.nip01 import pubkey_of, sign_event
 
 AUX = bytes(32)
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def _measure(pub_url: str, sub_urls: dict[str, str], rate: int, seconds: float) -> None:
@@ -75,10 +71,11 @@ async def _measure(pub_url: str, sub_urls: dict[str, str], rate: int, seconds: f
         if not values:
             print(f"  {rate:>6}/s  {name:<22} no deliveries")
             continue
+        p50, p99 = quantile(values, 0.5) or 0.0, quantile(values, 0.99) or 0.0
         print(
             f"  {rate:>6}/s  {name:<22} delivered {len(values):>6}/{n:<6}"
-            f" p50 {_quantile(values, 0.5) * 1e3:7.2f} ms"
-            f"  p99 {_quantile(values, 0.99) * 1e3:7.2f} ms  max {max(values) * 1e3:7.2f} ms"
+            f" p50 {p50 * 1e3:7.2f} ms"
+            f"  p99 {p99 * 1e3:7.2f} ms  max {max(values) * 1e3:7.2f} ms"
         )
 
 

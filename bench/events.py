@@ -26,7 +26,6 @@ import msgspec
 from engram import Memory, build_event, conversation_key, d_tag
 from engram.nip01 import pubkey_of, sign_event
 
-KIND_ENGRAM = 30174
 BENCH_TAG = "engram-bench"
 _WORDS = [
     "relay",

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import msgspec
 
-from bench.compare import machine, write_results
 from bench.events import Keyring, load_events
-from bench.load import Watch
+from bench.procwatch import Watch
+from bench.results import machine, write_results
 from engram.nip01 import Event
 from relay.config import Settings
 from relay.store import SaveStatus

@@ -35,7 +35,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from bench import load
+from bench.__main__ import main as bench
 from bench.pgcluster import Cluster
 
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(2)  # the replica's first health checks
                 argv_load = ["--url", url, "--pid", str(pid), "--pg-pid", str(pg_pid)]
                 seed = ["--seed", str(n)] if phases == "kind1" and n else []  # fresh events
-                load.main([*argv_load, "--phases", phases, *seed, *extra])
+                bench(["load", *argv_load, "--phases", phases, *seed, *extra])
         if ours.idle_nodes:
             print(f"\n== ingest with {ours.idle_nodes} more nodes tailing the bus ==", flush=True)
             with contextlib.ExitStack() as stack:
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 with relay(db) as (url, pid):
                     argv_load = ["--url", url, "--pid", str(pid), "--pg-pid", str(primary.pid)]
                     seed = str(len(runs) + 1)
-                    load.main([*argv_load, "--phases", "kind1", "--seed", seed, *extra])
+                    bench(["load", *argv_load, "--phases", "kind1", "--seed", seed, *extra])
     finally:
         cluster.close()
     return 0

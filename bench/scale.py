@@ -37,30 +37,22 @@ The tables and charts are made by bench/scalereport.py.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from bench import charts, corpus, wsclient
-from bench.compare import write_results
-from bench.corpus import CHUNK, CORPORA, SHAPES, Picks, Prepared
-from bench.events import EventSet
-from bench.load import Profile, Watch, ingest_phase, run_async
+from bench import charts, corpus
+from bench.asker import request
+from bench.corpus import CHUNK, CORPORA, DEFAULT_SIZES, SHAPES, Picks, Prepared
+from bench.lanes import run_async
+from bench.results import quantile, write_results
 from bench.scalereport import (
     WARMUP,
-    ChunkLoad,
     CorpusRun,
     Disk,
     Shape,
@@ -69,183 +61,13 @@ from bench.scalereport import (
     size_label,
     write_charts,
 )
+from bench.served import TABLES, fresh_store, vacuum_analyze
+from bench.targets import RelayTarget, StoreTarget, load_chunk
 
-DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
 BEGIN, END = "<!-- scale:begin -->", "<!-- scale:end -->"
-ANSWER_TIMEOUT = 60.0  # a REQ unanswered this long is reported, not waited for
-TABLES = ("events", "event_tags")
-
-_frame = msgspec.json.Decoder(list[msgspec.Raw])
-_str = msgspec.json.Decoder(str)
-_enc = msgspec.json.encode
-
-
-# --- what a REQ of each shape sends -------------------------------------------------
-
-
-def request(shape: str, value: Any) -> tuple[str, dict[str, Any]]:
-    """(verb, filter) of one run of `shape` with `value`."""
-    if shape == "COUNT":
-        return "COUNT", {"kinds": [7], "#e": [value]}
-    if shape == "ids":
-        return "REQ", {"ids": [value]}
-    if shape == "authors":
-        return "REQ", {"authors": [value], "limit": 10}
-    if shape == "kinds":
-        return "REQ", {"kinds": value, "limit": 20}
-    if shape == "feed 20":
-        return "REQ", {"authors": value, "kinds": [1], "limit": 50}
-    what = shape.split(" ", 1)[0]
-    if what == "search":
-        return "REQ", {"search": value, "limit": 20}
-    return "REQ", {what: [value], "limit": 20}
-
-
-# --- targets: the relay through its websocket, or the store API ------------------------
-
-
-class Asker:
-    """One websocket connection sending one REQ/COUNT at a time (from `source`, a local
-    address, when given: another client as the relay sees it)."""
-
-    def __init__(self, timeout: float = ANSWER_TIMEOUT, source: str | None = None) -> None:
-        self.conn: wsclient.WsConnection | None = None
-        self.sub = ""
-        self.answer: asyncio.Future[str] | None = None
-        self.returned = 0
-        self.timeout = timeout
-        self.source = source
-
-    async def open(self, url: str) -> None:
-        self.conn = await wsclient.connect(url, self.on_message, self.on_close, source=self.source)
-
-    def on_message(self, payload: bytes) -> None:
-        items = _frame.decode(payload)
-        verb = bytes(items[0]) if items else b""
-        if verb == b'"EVENT"':
-            self.returned += 1
-        elif verb in (b'"EOSE"', b'"COUNT"', b'"CLOSED"') and len(items) >= 2:
-            if _str.decode(items[1]) != self.sub or self.answer is None or self.answer.done():
-                return
-            why = _str.decode(items[2]) if verb == b'"CLOSED"' and len(items) > 2 else ""
-            self.answer.set_result(verb.decode().strip('"') + (f" {why}" if why else ""))
-
-    def on_close(self, reason: str) -> None:
-        if self.answer is not None and not self.answer.done():
-            self.answer.set_result(f"connection closed: {reason}")
-
-    async def ask(self, sub: str, frame: bytes, close: bytes | None) -> tuple[float, str]:
-        assert self.conn is not None
-        self.sub = sub
-        self.answer = asyncio.get_running_loop().create_future()
-        t0 = time.perf_counter()
-        self.conn.send(frame)
-        try:
-            outcome = await asyncio.wait_for(asyncio.shield(self.answer), self.timeout)
-        except TimeoutError:
-            outcome = f"no answer within {self.timeout:.0f} s"
-        elapsed = time.perf_counter() - t0
-        if close is not None:
-            self.conn.send(close)
-        return elapsed, outcome
-
-
-class RelayTarget:
-    """`engram serve` on loopback: EVENTs and REQs through its websocket."""
-
-    def __init__(self, url: str, pid: int, pg_pid: int | None) -> None:
-        self.url = url
-        self.watch = Watch(pid, pg_pid)
-        self.asker = Asker()
-        self.profile = Profile(connections=8, window=100, phase_timeout=3600.0)
-
-    async def load(self, start: int, end: int, events: EventSet) -> ChunkLoad:
-        r = await ingest_phase(f"load {start}-{end}", self.url, events, self.profile, self.watch)
-        cpu = None if r.relay_cpu is None else r.relay_cpu + (r.pg_cpu or 0.0)
-        return ChunkLoad(start, end, r.elapsed, cpu, r.errors)
-
-    def cpu(self) -> float:
-        relay, pg, _ = self.watch.snapshot()
-        return (relay or 0.0) + (pg or 0.0)
-
-    def prepare(self, runs: list[tuple[str, str, dict[str, Any]]]) -> list[Any]:
-        out = []
-        for sub, verb, f in runs:
-            close = wsclient.client_frame(_enc(["CLOSE", sub])) if verb == "REQ" else None
-            out.append((sub, wsclient.client_frame(_enc([verb, sub, f])), close))
-        return out
-
-    async def ask(self, prepared: Any) -> tuple[float, str]:
-        if self.asker.conn is None or self.asker.conn.closed:
-            self.asker = Asker()
-            await self.asker.open(self.url)
-        return await self.asker.ask(*prepared)
-
-    def returned(self) -> int:
-        return self.asker.returned
-
-    async def close(self) -> None:
-        if self.asker.conn is not None:
-            self.asker.conn.close()
-
-
-class StoreTarget:
-    """PostgresStore in this process (`--via store`): the store's cost without the relay."""
-
-    def __init__(self, store: Any, pg_pid: int | None) -> None:
-        self.store = store
-        self.pg_pid = pg_pid
-        self.got = 0
-
-    async def load(self, start: int, end: int, events: EventSet) -> ChunkLoad:
-        from engram.nip01 import Event
-        from relay.store import SaveStatus
-
-        decoded = [msgspec.json.decode(raw, type=Event) for raw in events.raw]
-        c0, t0 = self.cpu(), time.perf_counter()
-        futures = [self.store.submit(ev, raw) for ev, raw in zip(decoded, events.raw, strict=True)]
-        results = await asyncio.gather(*futures)
-        wall, cpu = time.perf_counter() - t0, self.cpu() - c0
-        errors = Counter(r.message for r in results if r.status is SaveStatus.ERROR)
-        return ChunkLoad(start, end, wall, cpu, errors)
-
-    def cpu(self) -> float:
-        return time.process_time() + (Watch.tree_cpu(self.pg_pid) or 0.0)
-
-    def prepare(self, runs: list[tuple[str, str, dict[str, Any]]]) -> list[Any]:
-        from relay.config import Limits
-        from relay.filters import parse_filter
-
-        return [(verb, [parse_filter(f, Limits())]) for _, verb, f in runs]
-
-    async def ask(self, prepared: Any) -> tuple[float, str]:
-        from relay.store import StoreError
-
-        verb, filters = prepared
-        t0 = time.perf_counter()
-        try:
-            if verb == "COUNT":
-                await self.store.count(filters)
-            else:
-                self.got += len(await self.store.query(filters))
-            outcome = "EOSE" if verb == "REQ" else "COUNT"
-        except StoreError as exc:
-            outcome = f"CLOSED {exc}"
-        return time.perf_counter() - t0, outcome
-
-    def returned(self) -> int:
-        return self.got
-
-    async def close(self) -> None:
-        await self.store.close()
 
 
 # --- one corpus -----------------------------------------------------------------------
-
-
-def _pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 async def time_shapes(target: Any, picks: Picks, reps: int, seed: int) -> dict[str, Shape]:
@@ -280,7 +102,7 @@ async def time_shapes(target: Any, picks: Picks, reps: int, seed: int) -> dict[s
         res.cpu_us = (target.cpu() - cpu0) / reps * 1e6
         res.returned = target.returned() - got0
         res.p50 = statistics.median(samples)
-        res.p99 = _pct(samples, 0.99)
+        res.p99 = quantile(samples, 0.99)
     return out
 
 
@@ -374,36 +196,6 @@ async def _measure(
         await target.close()
 
 
-async def load_chunk(
-    target: RelayTarget | StoreTarget,
-    corpus: str,
-    start: int,
-    end: int,
-    events: EventSet,
-    t_load: float,
-    say: Callable[[str], None],
-) -> ChunkLoad:
-    """Send one cached chunk to the store, saying its rate and CPU per EVENT."""
-    chunk = await target.load(start, end, events)
-    per = chunk.cpu / chunk.events * 1e6 if chunk.cpu is not None else float("nan")
-    say(
-        f"  {corpus}: loaded {end:,} ({chunk.events / chunk.wall:,.0f} ev/s,"
-        f" {per:.0f} us CPU/event, {time.perf_counter() - t_load:.0f} s)"
-    )
-    for why, n in chunk.errors.most_common(3):
-        say(f"    refused x{n}: {why}")
-    return chunk
-
-
-async def vacuum_analyze(admin: Any) -> float:
-    """VACUUM ANALYZE of the tables (what autovacuum does shortly after a bulk load);
-    returns its wall time."""
-    t0 = time.perf_counter()
-    for table in TABLES:
-        await admin.execute(f"VACUUM ANALYZE {table}")
-    return time.perf_counter() - t0
-
-
 def _shape_line(shape: str, r: Shape) -> str:
     if r.p50 is None:
         return f"{shape:15s} -  ({', '.join(r.outcomes)})"
@@ -411,55 +203,6 @@ def _shape_line(shape: str, r: Shape) -> str:
     return f"{shape:15s} p50 {r.p50:8.2f} ms  p99 {r.p99:8.2f} ms  CPU {r.cpu_us:8.0f} us" + (
         f"  {odd}" if odd else ""
     )
-
-
-@dataclass
-class Served:
-    """A fresh embedded PostgreSQL with one database, and `engram serve` on it (or None)."""
-
-    root: Path
-    pg: Any  # bench.peers.Postgres
-    dsn: str
-    server: str  # the server's settings shown in reports
-    relay: Any = None  # bench.peers.Running
-
-    def kept(self) -> str:
-        from bench.pgcluster import bin_dir
-
-        return (
-            f"{self.pg.pgdata}, PostgreSQL running: connect with {bin_dir() / 'psql'}"
-            f' "{self.dsn}"; stop with kill -INT {self.pg.pid} && rm -rf {self.root}'
-        )
-
-
-@contextlib.contextmanager
-def fresh_store(
-    corpus: str, bench: str, via: str, keep: bool, say: Callable[[str], None]
-) -> Iterator[Served]:
-    """A fresh embedded PostgreSQL (default settings) and, with `via` "ws", a real
-    `engram serve` on it; the relay is stopped on exit (callers may stop it earlier),
-    PostgreSQL and the data directory too unless `keep`."""
-    from bench.peers import Postgres, start_engram
-
-    root = Path(tempfile.mkdtemp(prefix=f"engram-bench-{bench}-{corpus}-"))
-    pg = Postgres(root, cleanup_mode=None if keep else "delete")
-    served: Served | None = None
-    try:
-        dsn, _drop = pg.create_database()
-        served = Served(root, pg, dsn, pg.settings())
-        if via == "ws":
-            served.relay = start_engram(root / "relay", ["--database-url", dsn])
-            say(
-                f"  {corpus}: engram serve (pid {served.relay.pid}) at {served.relay.url},"
-                f" {served.server}"
-            )
-        yield served
-    finally:
-        if served is not None and served.relay is not None:
-            served.relay.stop()
-        if not keep:
-            pg.close()
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def run_corpus(

@@ -6,14 +6,13 @@ figures are explained in bench/scale.py's docstring and bench/RESULTS.md ("scale
 
 from __future__ import annotations
 
-import datetime as dt
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from bench import charts
 from bench.corpus import SHAPES
+from bench.results import run_lines
 
 WARMUP = 10  # unrecorded runs of each shape (prepared statements, caches)
 TARGET_FLOOR_MS = 15.0  # issue 25: p99 at 1M <= max(2 x p99 at 10k, 15 ms)
@@ -112,23 +111,6 @@ def drift(chunks: list[ChunkLoad], window: int) -> tuple[float | None, float | N
 
 
 # --- report -------------------------------------------------------------------------
-
-
-def run_lines(command: str, argv: list[str], server: str, loadavg: tuple[Any, Any]) -> list[str]:
-    """The first lines of a bench report: command, date, machine and store, and the load
-    average before and after (a run that starts on a busy machine is not a result)."""
-    from bench.compare import machine  # bench.compare imports bench.load: not at import time
-
-    before, after = loadavg
-    return [
-        f"- command: `python -m bench {command}{' ' + ' '.join(argv) if argv else ''}`",
-        f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- machine: {machine()}; {server}",
-        "- load average (1, 5, 15 min): before "
-        + ", ".join(f"{x:.2f}" for x in before)
-        + "; after "
-        + ", ".join(f"{x:.2f}" for x in after),
-    ]
 
 
 def size_label(x: int) -> str:

@@ -9,20 +9,20 @@ RSS after every round, so a leak shows as a rising column. Prints figures only.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench import load
+from bench.lanes import raise_fd_limit, run_async
 from bench.peers import start_engram
+from bench.procwatch import Watch
+from bench.workload import Profile, run_load
 
 
 def _rss_mb(pid: int) -> float:
-    return (load.Watch.tree_rss(pid) or 0) / 2**20
+    return (Watch.tree_rss(pid) or 0) / 2**20
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     relay = start_engram(
         workdir, ["--data-dir", str(workdir / "data")], {"ENGRAM_LOG_LEVEL": "warning"}
     )
+    raise_fd_limit()
     try:
         start = time.monotonic()
         print(f"relay pid {relay.pid}; RSS {_rss_mb(relay.pid):.1f} MB at start")
@@ -41,17 +42,16 @@ def main(argv: list[str] | None = None) -> int:
         round_ = 0
         while time.monotonic() - start < args.minutes * 60:
             round_ += 1
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                load.main(
-                    [
-                        *("--url", relay.url, "--seed", str(1000 + round_)),
-                        *("--events", str(args.events), "--engrams", str(args.events // 2)),
-                        *("--reqs", "2000", "--heads", "2000", "--subscribers", "100"),
-                        *("--fanout-seconds", "3"),
-                    ]
-                )
-            ops = sum(1 for line in out.getvalue().splitlines() if " ok in " in line)
+            profile = Profile(
+                seed=1000 + round_,
+                events=args.events,
+                engrams=args.events // 2,
+                reqs=2000,
+                heads=2000,
+                subscribers=(100,),
+                fanout_seconds=3,
+            )
+            ops = len(run_async(run_load(relay.url, profile)))  # phases run
             minutes = (time.monotonic() - start) / 60
             print(f"{round_:>5}  {minutes:7.1f}  {ops:>3}  {_rss_mb(relay.pid):6.1f}", flush=True)
         return 0

@@ -28,7 +28,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from bench.compare import machine
+from bench.results import machine
 from engram.nip01 import Event, sign_event
 from relay.config import Settings
 from relay.store import SaveStatus

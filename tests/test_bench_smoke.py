@@ -17,8 +17,9 @@ from pathlib import Path
 from relay_fixtures import RelayProcess
 
 from bench import compare, micro
-from bench.load import PhaseResult, Profile, phase_title
 from bench.peers import RELAYS
+from bench.results import PhaseResult, phase_title, write_results
+from bench.workload import Profile
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -82,7 +83,7 @@ def test_compare_report_and_results_file(tmp_path: Path) -> None:
     assert "not run: not installed: pip failed" in text
     path = tmp_path / "RESULTS.md"
     path.write_text(f"# notes\n\n{compare.BEGIN}\nold\n{compare.END}\n\nafter\n")
-    compare.write_results(path, text)
+    write_results(path, text, compare.BEGIN, compare.END)
     written = path.read_text()
     assert "old" not in written and "after" in written and "# notes" in written
     assert "ours / nostr-sdk" in written

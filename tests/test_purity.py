@@ -114,3 +114,33 @@ def test_the_head_rule_is_stated_once() -> None:
     for path in sorted(CLI.rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         assert "-e.created_at, e.id" not in text and "select_head(" not in text, path.name
+
+
+# --- bench: commands over a library ------------------------------------------------------
+
+BENCH = PACKAGE.parent / "bench"
+
+
+def _bench_imports(path: Path) -> set[str]:
+    """The bench modules a file imports (`from bench import x` counts as `bench.x`)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("bench."))
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module == "bench":
+                out.update(f"bench.{a.name}" for a in node.names)
+            elif node.module.startswith("bench."):
+                out.add(node.module)
+    return out
+
+
+def test_bench_commands_import_the_library_not_each_other() -> None:
+    """`python -m bench <command>` modules share bench's library modules (results,
+    procwatch, lanes, workload, ...); one command never imports another."""
+    from bench.__main__ import COMMANDS
+
+    commands = {f"bench.{name}" for name in COMMANDS}
+    for path in sorted(BENCH.glob("*.py")):
+        bad = _bench_imports(path) & commands - {f"bench.{path.stem}"}
+        assert not bad, f"bench/{path.name} imports the command module(s) {bad}"
