@@ -71,6 +71,23 @@ def _line(name: str, times: list[float], count: int) -> str:
     )
 
 
+def _process_ls(urls: list[str], agent_sk: bytes, owner: str) -> str:
+    """`engram mem ls` as a user runs it: a process of its own, the relays from the
+    environment; timed from start to exit."""
+    cmd = [sys.executable, "-m", "cli.main", "mem", "ls", "--timeout", "600"]
+    cli_env = {
+        **os.environ,
+        "ENGRAM_PRIVATE_KEY": agent_sk.hex(),
+        "ENGRAM_OWNER": owner,
+        "ENGRAM_RELAY": ",".join(urls),
+    }
+    start = time.perf_counter()
+    out = subprocess.run(cmd, env=cli_env, cwd=ROOT, capture_output=True, check=True)
+    took = time.perf_counter() - start
+    lines = out.stdout.count(b"\n")
+    return _line(f"engram mem ls (process), set of {len(urls)}", [took], lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench memls", description=__doc__)
     parser.add_argument("--memories", type=int, default=5_000)
@@ -112,18 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             memory = AgentMemory(ident, chosen, timeout=600)
             times, count = asyncio.run(_time_ls(memory, args.rounds))
             print(_line(name, times, count))
-        cmd = [sys.executable, "-m", "cli.main", "mem", "ls", "--timeout", "600"]
-        cli_env = {
-            **os.environ,
-            "ENGRAM_PRIVATE_KEY": agent_sk.hex(),
-            "ENGRAM_OWNER": owner,
-            "ENGRAM_RELAY": ",".join(urls),
-        }
-        start = time.perf_counter()
-        out = subprocess.run(cmd, env=cli_env, cwd=ROOT, capture_output=True, check=True)
-        took = time.perf_counter() - start
-        lines = out.stdout.count(b"\n")
-        print(_line(f"engram mem ls (process), set of {len(urls)}", [took], lines))
+        print(_process_ls(urls, agent_sk, owner))
         return 0
     finally:
         for r in relays:

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import websockets
@@ -114,34 +115,124 @@ async def _sessions_rss(url: str, pid: int, sessions: int) -> tuple[int, int]:
     return before, during
 
 
+Sides = tuple[list[Event], list[Event], list[Event]]  # common, only on A, only on B
+
+
+def _sides(n: int, half: int) -> Sides:
+    ka, kb = hashlib.sha256(b"bench-a").digest(), hashlib.sha256(b"bench-b").digest()
+    common_key = pubkey_of(hashlib.sha256(b"bench-common").digest())
+    print(f"building {n} events per store, {half} on each side only ...", flush=True)
+    common = [_fake(i, common_key) for i in range(n - half)]
+    only_a = [_signed(ka, i, "a") for i in range(half)]
+    only_b = [_signed(kb, i, "b") for i in range(half)]
+    return common, only_a, only_b
+
+
+def _build_stores(pg: Postgres, sides: Sides, drops: list[Any]) -> list[str]:
+    """Store A: the common events and A's own; store B: the common ones and B's own.
+    Returns their database URLs."""
+    common, only_a, only_b = sides
+    urls = []
+    for name, events in (("a", common + only_a), ("b", common + only_b)):
+        url, drop = pg.create_database()
+        drops.append(drop)
+        took = asyncio.run(_load(url, events))
+        print(f"  store {name}: {len(events)} events loaded in {took:.1f} s", flush=True)
+        urls.append(url)
+    return urls
+
+
+def _time_bridge(nodes: list[Running], half: int) -> None:
+    """`engram sync`'s negentropy bridge between the two relays, twice: time, rounds,
+    and the CPU of the client and of each relay."""
+    import psutil
+
+    from cli.client import fetch_nip11, open_relay
+    from cli.sync import Peer, reconcile
+
+    a, b = nodes
+    relays = [psutil.Process(node.pid) for node in nodes]
+
+    async def bridge() -> tuple[float, int, int, int]:
+        docs = [await fetch_nip11(node.url, 10) for node in nodes]
+        started = time.perf_counter()
+        async with open_relay(a.url) as ca, open_relay(b.url) as cb:
+            rec = await reconcile(Peer(ca, None, docs[0]), Peer(cb, None, docs[1]), {})
+        took = time.perf_counter() - started
+        return took, rec.rounds, len(rec.only_a), len(rec.only_b)
+
+    for label in ("reconcile relay<->relay (bridge)", "reconcile relay<->relay, again"):
+        cpu = [sum(p.cpu_times()[:2]) for p in relays]
+        mine = time.process_time()
+        took, rounds, oa, ob = asyncio.run(bridge())
+        mine = time.process_time() - mine
+        cpu = [sum(p.cpu_times()[:2]) - c for p, c in zip(relays, cpu, strict=True)]
+        assert (oa, ob) == (half, half), (oa, ob)
+        print(
+            f"  {label:<42} {took:6.2f} s  {rounds} messages, {oa} + {ob} found; CPU s:"
+            f" client {mine:.2f}, relay A {cpu[0]:.2f}, relay B {cpu[1]:.2f}"
+        )
+
+
+def _time_client(a: Running, sides: Sides, half: int) -> None:
+    """The client's own list of B against relay A (client <-> relay)."""
+    common, _, only_b = sides
+    items_b = Items.from_pairs((e.created_at, bytes.fromhex(e.id)) for e in common + only_b)
+    took, rounds, have, need = asyncio.run(_initiator(a.url, items_b))
+    assert (have, need) == (half, half), (have, need)
+    print(f"  {'reconcile client list<->relay A':<42} {took:6.2f} s  {rounds} rounds")
+
+
+def _session_memory(a: Running, sides: Sides, n: int, sessions: int) -> None:
+    """One session's item columns (computed) and relay A's RSS growth with `sessions`
+    sessions held open at once."""
+    common, only_a, _ = sides
+    before, during = asyncio.run(_sessions_rss(a.url, a.pid, sessions))
+    per_items = Items.from_pairs(
+        (e.created_at, bytes.fromhex(e.id)) for e in common + only_a
+    ).nbytes()
+    print(
+        f"  relay memory per session: {per_items / 1e6:.1f} MB of item columns "
+        f"({per_items / n:.0f} B/event); RSS {before / 1e6:.0f} -> {during / 1e6:.0f} MB "
+        f"with {sessions} sessions open ({(during - before) / sessions / 1e6:.1f}"
+        " MB each)"
+    )
+
+
+def _time_sync(a: Running, b: Running) -> None:
+    """`cli.sync.sync_relays` both ways: reconcile and copy, then again (nothing to do)."""
+    from cli.sync import sync_relays
+
+    started = time.perf_counter()
+    summary = asyncio.run(sync_relays(a.url, b.url, {}, "both"))
+    took = time.perf_counter() - started
+    print(
+        f"  {'sync both (reconcile + copy)':<42} {took:6.2f} s  "
+        f"copied {summary.copied_up} up, {summary.copied_down} down, "
+        f"refused {dict(summary.refused) or 'none'}"
+    )
+    started = time.perf_counter()
+    again = asyncio.run(sync_relays(a.url, b.url, {}, "both"))
+    took = time.perf_counter() - started
+    print(f"  {'sync both again (nothing to do)':<42} {took:6.2f} s  have {again.have}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench negentropy", description=__doc__)
     parser.add_argument("--events", type=int, default=100_000, help="events per store")
     parser.add_argument("--diff", type=float, default=0.01, help="fraction that differs")
     parser.add_argument("--sessions", type=int, default=4, help="sessions held for the RSS")
     args = parser.parse_args(argv)
-    from cli.sync import sync_relays
 
     n = args.events
     half = max(1, int(n * args.diff / 2))
     workdir = Path(tempfile.mkdtemp(prefix="engram-negentropy-"))
     pg = Postgres(workdir)
     nodes: list[Running] = []
-    drops = []
+    drops: list[Any] = []
     try:
-        ka, kb = hashlib.sha256(b"bench-a").digest(), hashlib.sha256(b"bench-b").digest()
-        common_key = pubkey_of(hashlib.sha256(b"bench-common").digest())
-        print(f"building {n} events per store, {half} on each side only ...", flush=True)
-        common = [_fake(i, common_key) for i in range(n - half)]
-        only_a = [_signed(ka, i, "a") for i in range(half)]
-        only_b = [_signed(kb, i, "b") for i in range(half)]
-        urls = []
-        for name, events in (("a", common + only_a), ("b", common + only_b)):
-            url, drop = pg.create_database()
-            drops.append(drop)
-            took = asyncio.run(_load(url, events))
-            print(f"  store {name}: {len(events)} events loaded in {took:.1f} s", flush=True)
-            urls.append(url)
+        sides = _sides(n, half)
+        urls = _build_stores(pg, sides, drops)
         env = {
             "ENGRAM_LOG_LEVEL": "warning",
             "ENGRAM_NEGENTROPY_MAX_SESSIONS": str(max(4, args.sessions)),
@@ -150,61 +241,10 @@ def main(argv: list[str] | None = None) -> int:
             nodes.append(start_engram(workdir / name, ["--database-url", url], env))
         a, b = nodes
         print(f"{pg.settings()}; 2 relay processes on loopback")
-
-        import psutil
-
-        from cli.client import fetch_nip11, open_relay
-        from cli.sync import Peer, reconcile
-
-        relays = [psutil.Process(node.pid) for node in nodes]
-
-        async def bridge() -> tuple[float, int, int, int]:
-            docs = [await fetch_nip11(node.url, 10) for node in nodes]
-            started = time.perf_counter()
-            async with open_relay(a.url) as ca, open_relay(b.url) as cb:
-                rec = await reconcile(Peer(ca, None, docs[0]), Peer(cb, None, docs[1]), {})
-            took = time.perf_counter() - started
-            return took, rec.rounds, len(rec.only_a), len(rec.only_b)
-
-        for label in ("reconcile relay<->relay (bridge)", "reconcile relay<->relay, again"):
-            cpu = [sum(p.cpu_times()[:2]) for p in relays]
-            mine = time.process_time()
-            took, rounds, oa, ob = asyncio.run(bridge())
-            mine = time.process_time() - mine
-            cpu = [sum(p.cpu_times()[:2]) - c for p, c in zip(relays, cpu, strict=True)]
-            assert (oa, ob) == (half, half), (oa, ob)
-            print(
-                f"  {label:<42} {took:6.2f} s  {rounds} messages, {oa} + {ob} found; CPU s:"
-                f" client {mine:.2f}, relay A {cpu[0]:.2f}, relay B {cpu[1]:.2f}"
-            )
-        items_b = Items.from_pairs((e.created_at, bytes.fromhex(e.id)) for e in common + only_b)
-        took, rounds, have, need = asyncio.run(_initiator(a.url, items_b))
-        assert (have, need) == (half, half), (have, need)
-        print(f"  {'reconcile client list<->relay A':<42} {took:6.2f} s  {rounds} rounds")
-
-        before, during = asyncio.run(_sessions_rss(a.url, a.pid, args.sessions))
-        per_items = Items.from_pairs(
-            (e.created_at, bytes.fromhex(e.id)) for e in common + only_a
-        ).nbytes()
-        print(
-            f"  relay memory per session: {per_items / 1e6:.1f} MB of item columns "
-            f"({per_items / n:.0f} B/event); RSS {before / 1e6:.0f} -> {during / 1e6:.0f} MB "
-            f"with {args.sessions} sessions open ({(during - before) / args.sessions / 1e6:.1f}"
-            " MB each)"
-        )
-
-        started = time.perf_counter()
-        summary = asyncio.run(sync_relays(a.url, b.url, {}, "both"))
-        took = time.perf_counter() - started
-        print(
-            f"  {'sync both (reconcile + copy)':<42} {took:6.2f} s  "
-            f"copied {summary.copied_up} up, {summary.copied_down} down, "
-            f"refused {dict(summary.refused) or 'none'}"
-        )
-        started = time.perf_counter()
-        again = asyncio.run(sync_relays(a.url, b.url, {}, "both"))
-        took = time.perf_counter() - started
-        print(f"  {'sync both again (nothing to do)':<42} {took:6.2f} s  have {again.have}")
+        _time_bridge(nodes, half)
+        _time_client(a, sides, half)
+        _session_memory(a, sides, n, args.sessions)
+        _time_sync(a, b)
         return 0
     finally:
         for node in nodes:

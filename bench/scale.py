@@ -250,8 +250,7 @@ async def _run_target(
 # --- command line -------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m bench scale",
         description=__doc__,
@@ -283,7 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--charts", type=Path, help="directory for the PNG charts (default: next to --results)"
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _sizes(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
     try:
         sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     except ValueError:
@@ -292,6 +294,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--sizes: every size must be at least 1")
     if args.reps < 1 or args.chunk < 1:
         ap.error("--reps and --chunk must be at least 1")
+    return sizes
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
+    sizes = _sizes(ap, args)
     names = CORPORA if args.corpus == "both" else (args.corpus,)
     say = lambda s: print(s, flush=True)  # noqa: E731
     before = os.getloadavg()

@@ -136,7 +136,20 @@ def target_met(small: float | None, large: float | None) -> str:
 
 
 def corpus_report(run: CorpusRun, chunk: int) -> list[str]:
-    steps = run.steps
+    """One corpus: latency per shape and size, the store at each size, the load, and
+    every relation at the largest size."""
+    lines = [f"### corpus: {run.corpus}", "", *_shape_table(run.steps)]
+    lines += ["", *_store_table(run.steps)]
+    lines += ["", *_load_lines(run, chunk)]
+    lines += ["", *_relations_table(run)]
+    if run.kept:
+        lines += ["", f"- kept: {run.kept}"]
+    return lines
+
+
+def _shape_table(steps: list[Step]) -> list[str]:
+    """p50 / p99 (CPU) of every shape at every size, the p99 growth and its target; then
+    the outcomes other than EOSE or COUNT."""
     first, last = steps[0], steps[-1]
     head = ["shape", f"events with the value at {size_label(last.size)}"]
     head += [f"{size_label(s.size)} p50 / p99 ms (CPU us)" for s in steps]
@@ -145,8 +158,7 @@ def corpus_report(run: CorpusRun, chunk: int) -> list[str]:
             f"p99 {size_label(last.size)}/{size_label(first.size)}",
             f"p99 <= max(2x {size_label(first.size)}, {TARGET_FLOOR_MS:g} ms)",
         ]
-    lines = [f"### corpus: {run.corpus}", "", "| " + " | ".join(head) + " |"]
-    lines.append("|" + "---|" * len(head))
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     notes: list[str] = []
     for shape in SHAPES:
         m = last.shapes[shape].matches if shape in last.shapes else None
@@ -163,9 +175,12 @@ def corpus_report(run: CorpusRun, chunk: int) -> list[str]:
             cells.append(f"{b / a:.2f}" if a and b else "-")
             cells.append(target_met(a, b))
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", *notes] if notes else []
-    lines += [
-        "",
+    return lines + (["", *notes] if notes else [])
+
+
+def _store_table(steps: list[Step]) -> list[str]:
+    """Rows, load time, ingest rate, CPU per EVENT and bytes on disk at each size."""
+    lines = [
         "| store | rows | load s | ingest ev/s | CPU us/EVENT | data dir MB | WAL MB"
         " | database MB | events MB | event_tags MB | bytes/event (dir) | bytes/event (db) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -181,10 +196,16 @@ def corpus_report(run: CorpusRun, chunk: int) -> list[str]:
             f" {_mb(d.database)} | {_mb(d.table('events'))} | {_mb(d.table('event_tags'))} |"
             f" {d.datadir / s.size:,.0f} | {d.database / s.size:,.0f} |"
         )
+    return lines
+
+
+def _load_lines(run: CorpusRun, chunk: int) -> list[str]:
+    """The whole load: rate, CPU per EVENT first against last (the drift target), per
+    chunk, the VACUUM ANALYZE times and the EVENTs refused."""
+    last = run.steps[-1]
     lo, hi, n_lo, n_hi = drift(run.chunks, chunk)
     total_wall = sum(c.wall for c in run.chunks)
-    lines += [
-        "",
+    lines = [
         f"- load: {last.size:,} events in {total_wall:.1f} s of ingest"
         f" ({last.size / total_wall if total_wall else 0:,.0f} ev/s);"
         + (
@@ -201,15 +222,20 @@ def corpus_report(run: CorpusRun, chunk: int) -> list[str]:
             if c.cpu is not None
         ),
         "- VACUUM ANALYZE before timing: "
-        + ", ".join(f"{size_label(s.size)} {s.vacuum_seconds:.1f} s" for s in steps),
+        + ", ".join(f"{size_label(s.size)} {s.vacuum_seconds:.1f} s" for s in run.steps),
     ]
     errors = Counter[str]()
     for c in run.chunks:
         errors.update(c.errors)
     for why, n in errors.most_common(5):
         lines.append(f"- EVENTs refused: {n} x {why}")
-    lines += [
-        "",
+    return lines
+
+
+def _relations_table(run: CorpusRun) -> list[str]:
+    """Every relation at the largest size with its bytes per event and `idx_scan`."""
+    last = run.steps[-1]
+    lines = [
         f"Relations at {size_label(last.size)} ({run.corpus}), `idx_scan` counted over the"
         " whole run (loading included):",
         "",
@@ -223,8 +249,6 @@ def corpus_report(run: CorpusRun, chunk: int) -> list[str]:
             f"| {table} | {rel} | {_mb(size)} | {size / last.size:,.0f} |"
             f" {'' if used is None else f'{used:,}'} |"
         )
-    if run.kept:
-        lines += ["", f"- kept: {run.kept}"]
     return lines
 
 

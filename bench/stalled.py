@@ -22,6 +22,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psutil
 import websockets
@@ -96,6 +97,77 @@ async def publish(url: str, events: list[bytes], publishers: int = 4) -> None:
     await asyncio.gather(*(one(events[i::publishers]) for i in range(publishers)))
 
 
+def _burst(count: int, size: int) -> tuple[dict[str, list[str]], list[bytes]]:
+    """The subscribers' filter and the EVENT frames of the burst (signed up front)."""
+    sk = bytes(31) + b"\x07"
+    flt = {"authors": [pubkey_of(sk)]}
+    now = int(time.time())
+    events = [
+        b'["EVENT",'
+        + encode_event(sign_event(sk, now, 1, [], f"{i:06d}" + "z" * size, bytes(32)))
+        + b"]"
+        for i in range(count)
+    ]
+    return flt, events
+
+
+def _mb(n: float) -> float:
+    return n / MIB
+
+
+def _wait_all_gone(port: int, seconds: float = 120) -> dict[str, float]:
+    """/metrics once no connection is left (the relay dropped the stalled ones), or at
+    the deadline."""
+    deadline = time.monotonic() + seconds
+    while True:
+        m = scrape(port)
+        if time.monotonic() >= deadline:
+            return m
+        if m.get('engram_connections{tenant="default"}', 0) == 0:  # all gone
+            return m
+        time.sleep(0.5)
+
+
+def _measure(
+    relay: Any, args: argparse.Namespace, flt: dict, events: list[bytes], socks: list
+) -> None:
+    port = int(relay.url.rsplit(":", 1)[1])
+    proc = psutil.Process(relay.pid)
+    print(f"relay RSS at start: {_mb(proc.memory_info().rss):.1f} MiB")
+    socks += [stalled_socket(port, flt) for _ in range(args.subscribers)]
+    time.sleep(1.0)
+    print(
+        f"{args.subscribers} stalled subscribers connected: {_mb(proc.memory_info().rss):.1f} MiB"
+    )
+    watch = PeakRss(relay.pid)
+    watch.start()
+    t0 = time.monotonic()
+    asyncio.run(publish(relay.url, events))
+    burst = args.events * args.size
+    took = time.monotonic() - t0
+    print(
+        f"burst of {args.events} x {args.size} B ({_mb(burst):.0f} MiB to each subscriber,"
+        f" {_mb(burst) * args.subscribers / 1024:.1f} GiB in all) in {took:.1f} s"
+    )
+    m = scrape(port)
+    print(
+        f"  queued now {_mb(m.get('engram_send_queue_bytes', 0)):.1f} MiB; peak total "
+        f"{_mb(m.get('engram_send_queue_bytes_peak', 0)):.1f} MiB (budget "
+        f"{_mb(m.get('engram_send_queue_budget_bytes', 0)):.0f} MiB); peak one connection "
+        f"{_mb(m.get('engram_send_queue_connection_bytes_peak', 0)):.1f} MiB"
+    )
+    m = _wait_all_gone(port)
+    watch.done.set()
+    watch.join()
+    drops = {k.split('"')[1]: int(v) for k, v in m.items() if "drops_total{" in k}
+    print(f"  peak relay RSS during the burst: {_mb(watch.peak):.1f} MiB")
+    print(
+        f"  dropped: {int(m.get('engram_slow_consumers_total', 0))} ({drops}); "
+        f"queued now {_mb(m.get('engram_send_queue_bytes', 0)):.1f} MiB; "
+        f"relay RSS {_mb(proc.memory_info().rss):.1f} MiB"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench stalled", description=__doc__)
     parser.add_argument("--subscribers", type=int, default=1000)
@@ -110,61 +182,12 @@ def main(argv: list[str] | None = None) -> int:
         "ENGRAM_PING_INTERVAL_SECONDS": "3600",
         **dict(kv.split("=", 1) for kv in args.env),
     }
-    sk = bytes(31) + b"\x07"
-    flt = {"authors": [pubkey_of(sk)]}
-    now = int(time.time())
-    events = [
-        b'["EVENT",'
-        + encode_event(sign_event(sk, now, 1, [], f"{i:06d}" + "z" * args.size, bytes(32)))
-        + b"]"
-        for i in range(args.events)
-    ]
+    flt, events = _burst(args.events, args.size)
     workdir = Path(tempfile.mkdtemp(prefix="engram-stalled-"))
     relay = start_engram(workdir, ["--data-dir", str(workdir / "data")], env)
-    port = int(relay.url.rsplit(":", 1)[1])
     socks: list[socket.socket] = []
     try:
-        proc = psutil.Process(relay.pid)
-        mb = lambda n: n / MIB  # noqa: E731
-        print(f"relay RSS at start: {mb(proc.memory_info().rss):.1f} MiB")
-        socks = [stalled_socket(port, flt) for _ in range(args.subscribers)]
-        time.sleep(1.0)
-        print(
-            f"{args.subscribers} stalled subscribers connected: "
-            f"{mb(proc.memory_info().rss):.1f} MiB"
-        )
-        watch = PeakRss(relay.pid)
-        watch.start()
-        t0 = time.monotonic()
-        asyncio.run(publish(relay.url, events))
-        burst = args.events * args.size
-        took = time.monotonic() - t0
-        print(
-            f"burst of {args.events} x {args.size} B ({mb(burst):.0f} MiB to each subscriber,"
-            f" {mb(burst) * args.subscribers / 1024:.1f} GiB in all) in {took:.1f} s"
-        )
-        m = scrape(port)
-        print(
-            f"  queued now {mb(m.get('engram_send_queue_bytes', 0)):.1f} MiB; peak total "
-            f"{mb(m.get('engram_send_queue_bytes_peak', 0)):.1f} MiB (budget "
-            f"{mb(m.get('engram_send_queue_budget_bytes', 0)):.0f} MiB); peak one connection "
-            f"{mb(m.get('engram_send_queue_connection_bytes_peak', 0)):.1f} MiB"
-        )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            m = scrape(port)
-            if m.get('engram_connections{tenant="default"}', 0) == 0:  # all gone
-                break
-            time.sleep(0.5)
-        watch.done.set()
-        watch.join()
-        drops = {k.split('"')[1]: int(v) for k, v in m.items() if "drops_total{" in k}
-        print(f"  peak relay RSS during the burst: {mb(watch.peak):.1f} MiB")
-        print(
-            f"  dropped: {int(m.get('engram_slow_consumers_total', 0))} ({drops}); "
-            f"queued now {mb(m.get('engram_send_queue_bytes', 0)):.1f} MiB; "
-            f"relay RSS {mb(proc.memory_info().rss):.1f} MiB"
-        )
+        _measure(relay, args, flt, events, socks)
         return 0
     finally:
         for s in socks:

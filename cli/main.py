@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
-import tempfile
 from typing import Annotated
 
 import typer
@@ -65,9 +63,7 @@ def serve(
     ] = None,
 ) -> None:
     """Run the relay (uvicorn + uvloop) on PostgreSQL; embedded PostgreSQL if no URL is set."""
-    import uvicorn
-
-    from relay.app import create_app
+    from cli.server import run_one, run_workers, uvicorn_options
     from relay.logs import setup_logging
 
     settings = settings_or_exit(
@@ -90,45 +86,18 @@ def serve(
     logging.getLogger("engram").info(
         "engram-relay serving %s://%s:%d", scheme, settings.host, settings.port
     )
-    if workers > 1:  # each worker rebuilds the same settings from the environment
-        os.environ.update(
-            {
-                "ENGRAM_DATABASE_URL": url,
-                **({"ENGRAM_CONFIG": config} if config else {}),
-                **({"ENGRAM_LOG_FORMAT": settings.log_format} if log_format else {}),
-                **({"ENGRAM_REPLICA_URLS": ",".join(replica_url)} if replica_url else {}),
-            }
-        )
-    options = dict(
-        host=settings.host,
-        port=settings.port,
-        loop="uvloop",
-        ws_max_size=settings.limits.max_message_length * 4,
-        ws_per_message_deflate=settings.ws_per_message_deflate,
-        ssl_certfile=settings.tls_cert,
-        ssl_keyfile=settings.tls_key,
-        ws_ping_interval=settings.ping_interval_seconds,
-        ws_ping_timeout=settings.ping_timeout_seconds,
-        log_level="warning",
-        log_config=None,  # uvicorn logs through setup_logging's handler
-        access_log=False,
-        lifespan="on",
-        ws="relay.wsserver:RelayWebSocketProtocol",
+    if workers == 1:
+        run_one(settings, url, uvicorn_options(settings))
+        return
+    os.environ.update(  # each worker rebuilds the same settings from the environment
+        {
+            "ENGRAM_DATABASE_URL": url,
+            **({"ENGRAM_CONFIG": config} if config else {}),
+            **({"ENGRAM_LOG_FORMAT": settings.log_format} if log_format else {}),
+            **({"ENGRAM_REPLICA_URLS": ",".join(replica_url)} if replica_url else {}),
+        }
     )
-    if workers > 1:
-        # /metrics sums every worker: prometheus_client's multiprocess mode (relay.metrics)
-        own_dir = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-        if own_dir:
-            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="engram-metrics-")
-        try:
-            uvicorn.run("relay.app:create_app_from_env", factory=True, workers=workers, **options)
-        finally:
-            if own_dir:
-                shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
-    else:
-        from cli.server import Server
-
-        Server(uvicorn.Config(create_app(settings, url), **options)).run()
+    run_workers(workers, uvicorn_options(settings))
 
 
 @app.command(

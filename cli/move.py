@@ -70,6 +70,77 @@ def _copy_limits(tenant: Any) -> Any:
     return msgspec.structs.replace(tenant, limits=limits)
 
 
+class _Copy:
+    """The tenant's events from the source into the target store, through the import
+    path (`Relay.admit`: ids and signatures verified, replace and deletion rules applied),
+    counted in one `ImportSummary`."""
+
+    def __init__(self, settings: Settings, store: Any, cfg: Any, src: Any, host: str) -> None:
+        from cli.data import ImportSummary
+        from relay.pipeline import Relay
+        from relay.tenants import TenantRegistry, build_tenant
+
+        self.src = src
+        self.host = host
+        self.tenant = _copy_limits(build_tenant(cfg, settings))
+        self.relay = Relay(settings, store, tenants=TenantRegistry(settings))
+        self.summary = ImportSummary()
+
+    async def __call__(self, raws: AsyncIterator[bytes] | list[bytes], strict: bool = True) -> int:
+        """Import; before the switch a database error aborts the move (nothing changed
+        yet), after it the copy goes on and the errors are reported."""
+        from cli.data import import_lines
+        from relay.store import StoreError
+
+        summary = self.summary
+        before = summary.imported + summary.duplicates
+        await import_lines(self.relay, self.tenant, _chunks(raws), summary=summary)
+        if strict and summary.errors:
+            raise StoreError(f"error: {summary.errors} events could not be stored")
+        return summary.imported + summary.duplicates - before
+
+    async def catch_up(self, position: Any) -> tuple[Any, int]:
+        """What was written during the copy, pass by pass until little is left (at most
+        `_PASSES` passes); returns the new tail position and the events copied."""
+        from relay.store import move as mv
+
+        copied = 0
+        for _ in range(_PASSES):
+            position, raws = await mv.changed_since(self.src, self.host, position)
+            copied += await self(raws)
+            if len(raws) < _QUIET:
+                break
+        return position, copied
+
+    async def carry_over(self, position: Any, grace: float) -> int:
+        """After the switch: late writes of nodes that had not switched yet, for `grace`
+        seconds."""
+        from relay.store import move as mv
+
+        copied = 0
+        deadline = time.monotonic() + grace
+        while True:
+            position, raws = await mv.changed_since(self.src, self.host, position)
+            copied += await self(raws, strict=False)
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.2)
+        return copied
+
+
+async def _tenant_on_source(control: Any, host: str, control_url: str, target_url: str) -> Any:
+    """The tenant's configuration, refused when it does not exist or is already there."""
+    from relay.store import StoreError
+    from relay.store import tenants as db
+
+    cfg = await db.get_tenant(control, host)
+    if cfg is None:
+        raise StoreError(f"no tenant {host}")
+    if (cfg.database_url or control_url) == target_url:
+        raise StoreError(f"{host} is already on that database")
+    return cfg
+
+
 async def move_tenant(
     settings: Settings,
     control_url: str,
@@ -80,15 +151,12 @@ async def move_tenant(
     merge: bool,
     say: Callable[[str], None],
 ) -> MoveReport:
-    from cli.data import ImportSummary, import_lines
-    from relay.pipeline import Relay
     from relay.store import StoreError
     from relay.store import maintenance as m
     from relay.store import move as mv
     from relay.store import tenants as db
     from relay.store.migrate import migrate_url
     from relay.store.postgres import PostgresStore
-    from relay.tenants import TenantRegistry, build_tenant
 
     target_url = control_url if target == "default" else target
     try:
@@ -98,13 +166,8 @@ async def move_tenant(
     report = MoveReport()
     control = await mv.connect(control_url)
     try:
-        cfg = await db.get_tenant(control, host)
-        if cfg is None:
-            raise StoreError(f"no tenant {host}")
-        source_url = cfg.database_url or control_url
-        if source_url == target_url:
-            raise StoreError(f"{host} is already on that database")
-        src = await mv.connect(source_url)
+        cfg = await _tenant_on_source(control, host, control_url, target_url)
+        src = await mv.connect(cfg.database_url or control_url)
         dst = await mv.connect(target_url)
         store = await PostgresStore.open(
             target_url, msgspec.structs.replace(settings, replica_urls=[])
@@ -116,41 +179,18 @@ async def move_tenant(
                     f"the target already holds {present} events of {host} (an earlier copy?);"
                     " pass --merge to copy into it anyway"
                 )
-            registry = TenantRegistry(settings)
-            tenant = _copy_limits(build_tenant(cfg, settings))
-            relay = Relay(settings, store, tenants=registry)
-            summary = ImportSummary()
-
-            async def copy(raws: AsyncIterator[bytes] | list[bytes], strict: bool = True) -> int:
-                """Import; before the switch a database error aborts the move (nothing
-                changed yet), after it the copy goes on and the errors are reported."""
-                before = summary.imported + summary.duplicates
-                await import_lines(relay, tenant, _chunks(raws), summary=summary)
-                if strict and summary.errors:
-                    raise StoreError(f"error: {summary.errors} events could not be stored")
-                return summary.imported + summary.duplicates - before
-
+            copy = _Copy(settings, store, cfg, src, host)
             position = await mv.position(src)
             say(f"copying {host} to the target database…")
             report.copied = await copy(m.export_raw(src, host))
-            for _ in range(_PASSES):  # what was written during the copy
-                position, raws = await mv.changed_since(src, host, position)
-                report.caught_up += await copy(raws)
-                if len(raws) < _QUIET:
-                    break
+            position, report.caught_up = await copy.catch_up(position)
             await db.update_tenant(
                 control, host, database_url=None if target_url == control_url else target_url
             )
             say(f"switched {host}; carrying over late writes for {grace:g} s…")
-            deadline = time.monotonic() + grace
-            while True:
-                position, raws = await mv.changed_since(src, host, position)
-                report.caught_up += await copy(raws, strict=False)
-                if time.monotonic() >= deadline:
-                    break
-                await asyncio.sleep(0.2)
-            report.rejected = sum(summary.rejected.values())
-            for prefix, example in sorted(summary.examples.items()):
+            report.caught_up += await copy.carry_over(position, grace)
+            report.rejected = sum(copy.summary.rejected.values())
+            for prefix, example in sorted(copy.summary.examples.items()):
                 say(f"  rejected ({prefix}): {example}")
             report.source_events = await db.event_count(src, host)
             report.target_events = await db.event_count(dst, host)

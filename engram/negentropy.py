@@ -351,6 +351,19 @@ def encode_message(ranges: Iterable[tuple[Bound, int, bytes]]) -> bytes:
 # --- the state machine ----------------------------------------------------------------
 
 
+def _diff_ids(ours: bytes, theirs: bytes, have: list[bytes], need: list[bytes]) -> None:
+    """The initiator's side of an id list: ids only we have go to `have`, ids only the
+    other side has to `need` (both blobs of concatenated 32-byte ids)."""
+    theirs_set = {theirs[k : k + ID_SIZE] for k in range(0, len(theirs), ID_SIZE)}
+    for k in range(0, len(ours), ID_SIZE):
+        i = ours[k : k + ID_SIZE]
+        if i in theirs_set:
+            theirs_set.discard(i)
+        else:
+            have.append(i)
+    need.extend(theirs_set)
+
+
 class Negentropy:
     """One participant over `items`. The initiator calls `initiate()` then
     `reconcile_initiator(reply)` until it returns None for the next message; the
@@ -433,15 +446,7 @@ class Negentropy:
                     raise NegentropyError("id list longer than the message")
                 blob = r.take(n * ID_SIZE)
                 if self.is_initiator:
-                    theirs_set = {blob[k : k + ID_SIZE] for k in range(0, len(blob), ID_SIZE)}
-                    ours = items.id_blob(lower, upper)
-                    for k in range(0, len(ours), ID_SIZE):
-                        i = ours[k : k + ID_SIZE]
-                        if i in theirs_set:
-                            theirs_set.discard(i)
-                        else:
-                            have.append(i)
-                    need.extend(theirs_set)
+                    _diff_ids(items.id_blob(lower, upper), blob, have, need)
                     skip = True
                 else:
                     if skip:
@@ -449,17 +454,7 @@ class Negentropy:
                         pieces.append(w.range(prev_bound, SKIP))
                     w.add(*pieces)
                     pieces.clear()
-                    count = upper - lower
-                    end_bound = curr
-                    if self.frame_size_limit:
-                        room = self.frame_size_limit - _FRAME_SLACK - w.size
-                        fits = room // ID_SIZE + 1 if room >= 0 else 0
-                        if fits < count:
-                            count = fits
-                            upper = lower + count
-                            ts, i = items.item(upper)
-                            end_bound = Bound(ts, i)
-                    w.add(w.range(end_bound, ID_LIST, id_list_payload(items.id_blob(lower, upper))))
+                    upper = self._reply_ids(w, lower, upper, curr)
             else:
                 raise NegentropyError(f"unknown range mode {mode}")
             if self._exceeded(w.size + sum(map(len, pieces))):
@@ -470,6 +465,21 @@ class Negentropy:
             prev_index = upper
             prev_bound = curr
         return w.done()
+
+    def _reply_ids(self, w: _Writer, lower: int, upper: int, bound: Bound) -> int:
+        """Answer a range with our ids in it, as many as the frame has room for (the
+        range then ends at the first id left out); returns where the answer ended."""
+        items = self.items
+        end_bound = bound
+        if self.frame_size_limit:
+            room = self.frame_size_limit - _FRAME_SLACK - w.size
+            fits = room // ID_SIZE + 1 if room >= 0 else 0
+            if fits < upper - lower:
+                upper = lower + fits
+                ts, i = items.item(upper)
+                end_bound = Bound(ts, i)
+        w.add(w.range(end_bound, ID_LIST, id_list_payload(items.id_blob(lower, upper))))
+        return upper
 
     def _split(self, w: _Writer, lower: int, upper: int, upper_bound: Bound) -> None:
         pieces: list[bytes] = []
