@@ -36,7 +36,7 @@ def test_importing_engram_loads_no_io_modules() -> None:
 
 
 def test_relay_wire_is_sans_io() -> None:
-    """The relay's codec builds on engram and must stay sans-I/O too (ARCHITECTURE 1.2)."""
+    """The relay's codec builds on engram and must stay sans-I/O too (docs/ARCHITECTURE.md §1)."""
     assert loaded_after_import("relay.wire") == []
 
 
