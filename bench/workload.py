@@ -1,16 +1,11 @@
 """The standard load profile: the phases `bench load`, `bench compare` and `bench soak`
-drive a relay with, and their command-line options.
-
-  kind1       EVENT ingest, kind 1 from 1,000 authors: N connections x a window in flight
-  engram      EVENT ingest of valid kind-30174 engrams, replacing a hot set of addresses
-  req         REQ {"authors":[k],"limit":10}, each closed after its EOSE
-  head        the CLI's engram head fetch (kinds, authors, #p, #d) from connections
-              authenticated (NIP-42) as the agent, when the relay sends a challenge
-  fanout<S>   S subscribers (one connection each) while one publisher sends R events/s
+drive a relay with (kind1, engram, req, head, fanout<S>: what each sends is in
+`python -m bench load --help`), and their command-line options.
 
 `run_load(url, profile, pid, pg_pid)` runs the profile's phases in order and returns a
 `PhaseResult` per phase; events come from bench.events' file cache, signed before any
-clock starts, and every connection is open (and authenticated) before it too.
+clock starts, and every connection is open (and authenticated) before it too. A phase
+is a few lanes (bench.lanes) timed by `drive`.
 """
 
 from __future__ import annotations
