@@ -196,9 +196,21 @@ async def test_values_are_escaped_and_no_secret_is_in_any_page(
     assert "<script>" not in alice
     assert "Alice lives in Lisbon." in texts[5]  # found by a word of its value
     assert "mem/people/bob" not in texts[5]
+    assert "by search" in texts[5]
     for text in texts:
         for secret in secrets_of(keys):
             assert secret not in text
+
+
+async def test_a_question_no_value_contains_is_answered_by_recall(
+    review: ReviewProcess, http: httpx.AsyncClient
+) -> None:
+    """The box searches for its words as written, and recalls when no value contains them."""
+    r = await http.get(review.at(""), params={"q": "which city is Alice living in"})
+    assert r.status_code == 200
+    assert "by recall" in r.text
+    rows = r.text.split('class="value">')[1:]
+    assert rows and "Alice lives in Lisbon." in rows[0]  # the best first
 
 
 async def test_core_graph_is_a_picture(review: ReviewProcess, http: httpx.AsyncClient) -> None:

@@ -272,11 +272,12 @@ class Review:
         )
 
     async def _find(self, q: str) -> tuple[list[Any], str]:
-        """Recall where the API has it (issue 38), else the literal search."""
-        recall = getattr(self.memory, "recall", None)
-        if callable(recall):
-            return list(await recall(q, limit=SEARCH_LIMIT)), "recall"
-        return list(await self.memory.search(q, limit=SEARCH_LIMIT)), "search"
+        """The box's words as written where some memory contains them (search), else the
+        memories most relevant to them, best first (recall: a question in plain words)."""
+        found = list(await self.memory.search(q, limit=SEARCH_LIMIT))
+        if found:
+            return found, "search"
+        return list((await self.memory.recall(q, limit=SEARCH_LIMIT)).hits), "recall"
 
     async def memory_page(self, request: Request) -> Response:
         slug = self.slug_of(request)
