@@ -46,6 +46,13 @@ class Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_event_tags: int = 2_000
     max_content_length: int = 131_072
     max_filter_values: int = 256  # ids/authors/kinds/tag values per filter
+    # ... and of all the filters of one REQ or COUNT together: each value is an index
+    # range PostgreSQL reads (up to `limit` rows each), so this bounds one REQ's work
+    max_req_values: int = 1_024
+    # NIP-50: a query's characters and words (`\w+` runs); every live search is matched
+    # against every published event that shares one of its words (relay.fanout)
+    max_search_length: int = 256
+    max_search_words: int = 32
     created_at_lower_limit: int = 0  # seconds into the past; 0 = events of any age
     created_at_upper_limit: int = 900  # seconds into the future
     auth_required: bool = False
@@ -127,6 +134,9 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # client sending costly REQs back to back waits for its own, not everyone else.
     reads_per_connection: int = 4
     reads_per_ip: int = 32
+    # Live NIP-50 subscriptions of the whole process (every tenant); past it a search REQ
+    # is refused `rate-limited: …` (per address: RateLimits.search_subscriptions_per_ip)
+    search_subscriptions_max: int = 10_000
     # Rows one REQ may read per tag value or per searched word's matches (scan budget),
     # the newest rows a search tests before it reads the word's index entries, and the
     # newest rows whose index entries it reads before all of them (migration 0027).

@@ -1,8 +1,11 @@
 """Live fan-out: a subscription index and publish-once delivery.
 
-Each filter is indexed under one field (ids, else authors, else one tag, else kinds, else
-"everything"), so publishing costs a few dict lookups plus a full `matches` on the
-candidates only, independent of how many non-matching subscriptions exist. The event's
+Each filter is indexed under one field (ids, else authors, else one tag, else one word of
+its NIP-50 search, else kinds, else "everything"), so publishing costs a few dict lookups
+plus a full `matches` on the candidates only, independent of how many non-matching
+subscriptions exist. A search is tokenized once, when it subscribes, and an event's
+content once per publish: a live search whose words the event lacks costs nothing (a
+search under "everything" re-tokenized its whole query for every event, issue 37). The event's
 JSON is encoded once; within one publish, subscriptions with equal filters share one
 `matches` verdict and equal subscription ids one frame (a popular filter is usually
 held by many connections: matching each was a quarter of the relay's CPU with 1,000
@@ -17,8 +20,8 @@ from typing import Protocol
 
 from engram.nip01 import Event
 from relay import metrics
-from relay.config import DEFAULT_PRIVATE
-from relay.filters import Filter, match_key, matches_any
+from relay.config import DEFAULT_PRIVATE, KIND_ENGRAM
+from relay.filters import Filter, content_words, match_key, matches_any, query_words
 from relay.policy import readers
 from relay.wire import Reason, closed, event_frame, sub_prefix
 
@@ -51,6 +54,8 @@ class Subscription:
         "pending_bytes",
         "prefix",
         "sub_id",
+        "terms",
+        "words",
     )
 
     def __init__(self, conn: Subscriber, sub_id: str, filters: list[Filter], pending: bool) -> None:
@@ -58,11 +63,26 @@ class Subscription:
         self.sub_id = sub_id
         self.filters = filters
         self.prefix = sub_prefix(sub_id)
-        self.keys = [key for f in filters for key in _index_keys(f)]
+        # each filter's search words (None: no search), tokenized once; None: no search
+        terms = [None if f.search is None else query_words(f.search) for f in filters]
+        self.terms = terms if any(t is not None for t in terms) else None
+        self.keys: list[IndexKey] = []
+        self.words: list[str] = []  # index words of the filters indexed by their search
+        for f, t in zip(filters, terms, strict=True):
+            if t and _by_word(f):
+                self.words.append(t[0])  # the longest: likely the rarest
+            else:
+                self.keys += _index_keys(f)
         self.match_key = tuple(map(match_key, filters))
         self.match_class = 0  # set by FanOut.subscribe: equal match_key, equal class
         self.pending: list[tuple[str, bytes]] | None = [] if pending else None
         self.pending_bytes = 0
+
+
+def _by_word(f: Filter) -> bool:
+    """A search filter is indexed under a word of its query unless ids, authors or a tag
+    index it (more selective, and exact); a query without words matches every content."""
+    return f.ids is None and f.authors is None and not f.tags
 
 
 def _index_keys(f: Filter) -> list[IndexKey]:
@@ -95,15 +115,30 @@ class FanOut:
         # ints, never hashes a filter (an `authors` list of hundreds) per candidate
         self._classes: dict[Hashable, list[int]] = {}
         self._next_class = 0
+        self._words: defaultdict[str, set[tuple[int, str]]] = defaultdict(set)  # search word
+        self._searches = 0  # subscriptions with a search
+        self._searches_by_conn: defaultdict[int, int] = defaultdict(int)
 
     def __len__(self) -> int:
         return len(self._subs)
 
+    @property
+    def searches(self) -> int:
+        """Subscriptions with a NIP-50 search, every connection's."""
+        return self._searches
+
     def count_for(self, conn: Subscriber) -> int:
         return len(self._by_conn.get(id(conn), ()))
 
+    def searches_for(self, conn: Subscriber) -> int:
+        """The connection's subscriptions with a search."""
+        return self._searches_by_conn.get(id(conn), 0)
+
     def has(self, conn: Subscriber, sub_id: str) -> bool:
         return (id(conn), sub_id) in self._subs
+
+    def get(self, conn: Subscriber, sub_id: str) -> Subscription | None:
+        return self._subs.get((id(conn), sub_id))
 
     def subscribe(
         self, conn: Subscriber, sub_id: str, filters: list[Filter], pending: bool = False
@@ -122,6 +157,11 @@ class FanOut:
         sub.match_class = entry[0]
         for key in sub.keys:
             self._index[key].add(sk)
+        for word in sub.words:
+            self._words[word].add(sk)
+        if sub.terms is not None:
+            self._searches += 1
+            self._searches_by_conn[id(conn)] += 1
         return sub
 
     def is_current(self, sub: Subscription) -> bool:
@@ -149,6 +189,19 @@ class FanOut:
                 bucket.discard(sk)
                 if not bucket:
                     del self._index[key]
+        for word in sub.words:
+            found = self._words.get(word)
+            if found is not None:
+                found.discard(sk)
+                if not found:
+                    del self._words[word]
+        if sub.terms is not None:
+            self._searches -= 1
+            left = self._searches_by_conn[id(conn)] - 1
+            if left:
+                self._searches_by_conn[id(conn)] = left
+            else:
+                del self._searches_by_conn[id(conn)]
         subs = self._by_conn.get(id(conn))
         if subs is not None:
             subs.discard(sub_id)
@@ -171,6 +224,19 @@ class FanOut:
             bucket = index.get(key)
             if bucket:
                 candidates |= bucket
+        words: frozenset[str] | None = None  # the content's, once, if a search may read them
+        if self._searches and event.kind != KIND_ENGRAM:
+            words = content_words(event)
+            by_word = self._words
+            if len(words) <= len(by_word):
+                for word in words:
+                    bucket = by_word.get(word)
+                    if bucket:
+                        candidates |= bucket
+            else:  # fewer searched words than words in the content
+                for word, bucket in by_word.items():
+                    if word in words:
+                        candidates |= bucket
         sent = 0
         subs = self._subs
         only = readers(event, private)  # None: anyone
@@ -182,7 +248,9 @@ class FanOut:
                 continue
             verdict = verdicts.get(sub.match_class)
             if verdict is None:
-                verdict = verdicts[sub.match_class] = matches_any(sub.filters, event)
+                verdict = verdicts[sub.match_class] = matches_any(
+                    sub.filters, event, sub.terms, words
+                )
             if verdict:
                 frame = frames.get(sub.prefix)
                 if frame is None:

@@ -16,6 +16,7 @@ from relay.config import KIND_ENGRAM, Limits
 
 _decode_obj = msgspec.json.Decoder(dict[str, Any])
 _MAX_INT = 2**63 - 1
+_WORD = re.compile(r"\w+")  # a word of a NIP-50 query or of content, live (see words_match)
 
 
 class FilterError(ValueError):
@@ -50,6 +51,21 @@ def _int(name: str, value: Any, lo: int = 0) -> int:
     return value
 
 
+def _search(value: Any, limits: Limits) -> str:
+    """A NIP-50 query within the advertised bounds: refused here, before the fan-out keeps
+    it or PostgreSQL parses it (a NUL cannot be sent as text; 50,000 words overflowed
+    PostgreSQL's stack; a long query cost every published event its matching)."""
+    if not isinstance(value, str):
+        raise FilterError("search must be a string")
+    if len(value) > limits.max_search_length:
+        raise FilterError(f"search longer than {limits.max_search_length} characters")
+    if "\x00" in value:
+        raise FilterError("search must not contain NUL")
+    if len(_WORD.findall(value)) > limits.max_search_words:
+        raise FilterError(f"search has more than {limits.max_search_words} words")
+    return value
+
+
 def parse_filter(raw: bytes | dict[str, Any], limits: Limits) -> Filter:
     """A Filter from a raw JSON object (bytes) or an already-decoded dict."""
     if isinstance(raw, bytes | bytearray | memoryview):
@@ -78,9 +94,7 @@ def parse_filter(raw: bytes | dict[str, Any], limits: Limits) -> Filter:
         elif key in ("since", "until", "limit"):
             setattr(f, key, _int(key, value))
         elif key == "search":
-            if not isinstance(value, str):
-                raise FilterError("search must be a string")
-            f.search = value
+            f.search = _search(value, limits)
         elif len(key) == 2 and key[0] == "#" and key[1].isascii() and key[1].isalpha():
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise FilterError(f"{key} must be an array of strings")
@@ -92,19 +106,37 @@ def parse_filter(raw: bytes | dict[str, Any], limits: Limits) -> Filter:
     return f
 
 
-_WORD = re.compile(r"\w+")
+def query_words(query: str) -> tuple[str, ...]:
+    r"""The distinct words of a NIP-50 query as the live matcher reads them (lower-cased
+    `\w+` runs), longest first (likely the rarest: `words_match` tests it first, and
+    relay.fanout indexes a live search under it). Tokenized once per subscription."""
+    return tuple(sorted(set(_WORD.findall(query.lower())), key=lambda w: (-len(w), w)))
 
 
-def search_matches(query: str, event: Event) -> bool:
-    """NIP-50 for live events: every word of the query is a word of the content.
+def content_words(event: Event) -> frozenset[str]:
+    """The words of an event's content, as `query_words` reads a query (once per event)."""
+    return frozenset(_WORD.findall(event.content.lower()))
+
+
+def words_match(terms: tuple[str, ...], event: Event, words: frozenset[str] | None = None) -> bool:
+    """NIP-50 for live events: every word of the query (`terms`, from `query_words`) is a
+    word of the content (`words`, from `content_words`, computed here if not given).
 
     The stored path uses PostgreSQL full text ('simple' configuration); this agrees with
     it on plain word queries. Engram content is ciphertext and never matches.
     """
     if event.kind == KIND_ENGRAM:
         return False
-    words = set(_WORD.findall(event.content.lower()))
-    return all(w in words for w in _WORD.findall(query.lower()))
+    if not terms:
+        return True
+    if words is None:
+        words = content_words(event)
+    return all(w in words for w in terms)
+
+
+def search_matches(query: str, event: Event) -> bool:
+    """`words_match` for a query given as text."""
+    return words_match(query_words(query), event)
 
 
 def restrict_search(f: Filter, search_kinds: frozenset[int] | None) -> None:
@@ -115,8 +147,16 @@ def restrict_search(f: Filter, search_kinds: frozenset[int] | None) -> None:
         f.kinds = sorted(kinds)
 
 
-def matches(f: Filter, event: Event) -> bool:
-    """NIP-01 semantics: every given field must match; within a field any value may."""
+def matches(
+    f: Filter,
+    event: Event,
+    terms: tuple[str, ...] | None = None,
+    words: frozenset[str] | None = None,
+) -> bool:
+    """NIP-01 semantics: every given field must match; within a field any value may.
+
+    `terms`: the filter's search words (`query_words(f.search)`), when the caller keeps
+    them; `words`: the event's (`content_words`), when the caller computed them once."""
     if f.ids is not None and event.id not in f.ids:
         return False
     if f.authors is not None and event.pubkey not in f.authors:
@@ -130,11 +170,31 @@ def matches(f: Filter, event: Event) -> bool:
     for letter, values in f.tags.items():
         if not any(len(t) >= 2 and t[0] == letter and t[1] in values for t in event.tags):
             return False
-    return f.search is None or search_matches(f.search, event)
+    if f.search is None:
+        return True
+    return words_match(query_words(f.search) if terms is None else terms, event, words)
 
 
-def matches_any(filters: list[Filter], event: Event) -> bool:
-    return any(matches(f, event) for f in filters)
+def matches_any(
+    filters: list[Filter],
+    event: Event,
+    terms: list[tuple[str, ...] | None] | None = None,
+    words: frozenset[str] | None = None,
+) -> bool:
+    """`matches` for any of `filters`; `terms`, if given, holds each filter's search
+    words (None for a filter without search)."""
+    if terms is None:
+        return any(matches(f, event, None, words) for f in filters)
+    return any(matches(f, event, t, words) for f, t in zip(filters, terms, strict=True))
+
+
+def value_count(f: Filter) -> int:
+    """The ids, authors, kinds and tag values a filter names (Limits.max_req_values)."""
+    n = sum(len(values) for values in f.tags.values())
+    for values in (f.ids, f.authors, f.kinds):
+        if values is not None:
+            n += len(values)
+    return n
 
 
 def _frozen(values: list[Any] | None) -> tuple[Any, ...] | None:

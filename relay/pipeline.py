@@ -19,7 +19,7 @@ from relay import metrics, policy, wire
 from relay.bus import EventBus
 from relay.config import Limits, Settings
 from relay.fanout import FanOut
-from relay.filters import Filter, FilterError, parse_filter, restrict_search
+from relay.filters import Filter, FilterError, parse_filter, restrict_search, value_count
 from relay.hosts import host_of
 from relay.ingest import Ingest
 from relay.negentropy import NegentropyService
@@ -131,7 +131,7 @@ class Relay:
         why = RateLimiter.check_message(allow, now)
         if not why and isinstance(msg, wire.EventMsg):
             why = RateLimiter.check_event(allow, now)
-        if not why and isinstance(msg, wire.ReqMsg | wire.CountMsg):
+        if not why and isinstance(msg, wire.CountMsg):  # a REQ is checked as it subscribes
             why = self.address_subscriptions_full(session, allow, msg.sub_id)
         if not why:
             return None
@@ -183,9 +183,16 @@ class Relay:
         if len(raws) > lim.max_filters:
             return wire.closed(sub_id, Reason.INVALID(f"too many filters (max {lim.max_filters})"))
         try:
-            return [parse_filter(bytes(r), lim) for r in raws]
+            filters = [parse_filter(bytes(r), lim) for r in raws]
         except FilterError as exc:
             return wire.closed(sub_id, Reason.INVALID(str(exc)))
+        values = sum(map(value_count, filters))
+        if values > lim.max_req_values:
+            return wire.closed(
+                sub_id,
+                Reason.INVALID(f"too many values in one REQ ({values} > {lim.max_req_values})"),
+            )
+        return filters
 
     def readable_filters(
         self, session: Session, tenant: Tenant, sub_id: str, raws: list[msgspec.Raw]
@@ -237,16 +244,14 @@ class Relay:
             session.send(filters)
             return
         fanout = self.fanouts[tenant.key]
-        if not fanout.has(session, sub_id) and fanout.count_for(session) >= lim.max_subscriptions:
-            session.send(
-                wire.closed(
-                    sub_id,
-                    Reason.BLOCKED(f"too many subscriptions (max {lim.max_subscriptions})"),
-                )
-            )
+        why = self.subscriptions_full(session, fanout, sub_id, filters)
+        if why:
+            session.send(wire.closed(sub_id, why))
             return
         for f in filters:
             policy.clamp_limit(f, lim)
+        # no await since the checks above: counted and registered at once, so REQs sent
+        # together (from many connections of one address) cannot all pass a cap
         sub = fanout.subscribe(session, sub_id, filters, pending=True)
         try:
             async with self.reads.hold(session):
@@ -273,6 +278,36 @@ class Relay:
         session.send(wire.eose(sub_id))
         # ids of what was sent only if something was published meanwhile (rarely)
         fanout.go_live(sub, {wire.raw_id(raw) for raw in rows} if sub.pending else set())
+
+    def subscriptions_full(
+        self, session: Session, fanout: FanOut, sub_id: str, filters: list[Filter]
+    ) -> str | None:
+        """Why a REQ may not subscribe (a reason for CLOSED), else None: the connection's
+        subscription cap, its address's, and for a NIP-50 search the address's and the
+        process's search budgets. Called right before `subscribe`, with no await between."""
+        lim = session.tenant.limits
+        old = fanout.get(session, sub_id)  # a REQ with an open sub_id replaces it
+        if old is None and fanout.count_for(session) >= lim.max_subscriptions:
+            return Reason.BLOCKED(f"too many subscriptions (max {lim.max_subscriptions})")
+        allow = session.allowance
+        limited = allow is not None and not allow.exempt
+        if limited and old is None:
+            why = self.address_subscriptions_full(session, allow, sub_id)  # type: ignore[arg-type]
+            if why:
+                return why
+        if all(f.search is None for f in filters) or (old is not None and old.terms is not None):
+            return None  # no search, or one search replacing another
+        cap = self.settings.search_subscriptions_max
+        if cap and sum(f.searches for f in self.fanouts.values()) >= cap:
+            return Reason.RATE_LIMITED("too many live searches on this relay; try again later")
+        per_ip = self.settings.rate.search_subscriptions_per_ip
+        if limited and per_ip:
+            sessions = allow.address.sessions  # type: ignore[union-attr]
+            if sum(fanout.searches_for(s) for s in sessions) >= per_ip:  # type: ignore[arg-type]
+                return Reason.RATE_LIMITED(
+                    f"too many live searches from your address (max {per_ip})"
+                )
+        return None
 
     # -- AUTH -------------------------------------------------------------------
 

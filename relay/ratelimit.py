@@ -32,6 +32,7 @@ class RateLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ip_event_burst: int = 1_000
     connections_per_ip: int = 200
     subscriptions_per_ip: int = 2_000
+    search_subscriptions_per_ip: int = 64  # of those, with a NIP-50 `search` (live matching)
     trust_forwarded_for: bool = False  # take the client IP from X-Forwarded-For (proxies)
     # loopback (127.0.0.0/8, ::1) is not limited while trust_forwarded_for is off
     exempt_loopback: bool = True

@@ -23,8 +23,8 @@ class Conn:
         self.frames.append(frame)
 
 
-def ev(sk: bytes, kind: int = 1, tags=(), created_at: int = 100):
-    return sign_event(sk, created_at, kind, [list(t) for t in tags], "c", bytes(32))
+def ev(sk: bytes, kind: int = 1, tags=(), created_at: int = 100, content: str = "c"):
+    return sign_event(sk, created_at, kind, [list(t) for t in tags], content, bytes(32))
 
 
 def f(obj: dict) -> Filter:
@@ -127,6 +127,7 @@ def test_pending_overflow_closes_the_subscription_and_is_counted():
     assert len(a.frames) == 1
 
 
+WORDS = ["quick", "Fox", "fox!", "a", "-", "brown-fox", "été"]  # words, cases, no word at all
 filters = st.fixed_dictionaries(
     {},
     optional={
@@ -135,14 +136,16 @@ filters = st.fixed_dictionaries(
         "#t": st.lists(st.sampled_from(["a", "b"]), max_size=2),
         "since": st.integers(0, 5),
         "until": st.integers(0, 5),
+        "search": st.lists(st.sampled_from(WORDS), max_size=3).map(" ".join),
     },
 )
 events = st.builds(
     ev,
     st.sampled_from(SK),
     st.sampled_from([1, 7, 30000]),
-    st.lists(st.tuples(st.sampled_from(["t", "e"]), st.sampled_from(["a", "b"])), max_size=2),
+    st.lists(st.tuples(st.sampled_from(["t", "e", "d"]), st.sampled_from(["a", "b"])), max_size=2),
     st.integers(0, 5),
+    st.lists(st.sampled_from(WORDS), max_size=4).map(" ".join),
 )
 
 
@@ -158,3 +161,48 @@ def test_index_agrees_with_a_linear_scan(subs, event):
     fan.publish(event, encode_event(event))
     for c, fs in conns:
         assert len(c.frames) == (1 if matches_any(fs, event) else 0)
+
+
+def test_search_words_are_read_once_and_index_the_subscription(monkeypatch):
+    """A live search is tokenized when it subscribes and indexed under one of its words:
+    an event sharing no word with any query is matched against none of them, however
+    many there are or however long they are (issue 37: every event re-tokenized every
+    query); one that shares a word is matched with NIP-50's semantics."""
+    from relay import fanout, filters
+
+    calls = {"matches": 0, "query_words": 0}
+    matches_any = fanout.matches_any
+    query_words = filters.query_words
+
+    def counting_matches(*args, **kwargs):
+        calls["matches"] += 1
+        return matches_any(*args, **kwargs)
+
+    def counting_words(query):
+        calls["query_words"] += 1
+        return query_words(query)
+
+    monkeypatch.setattr(fanout, "matches_any", counting_matches)
+    monkeypatch.setattr(fanout, "query_words", counting_words)
+    fan = FanOut()
+    conns = [Conn() for _ in range(50)]
+    for i, c in enumerate(conns):
+        query = " ".join(f"w{i}x{j}" for j in range(32))  # distinct words, nothing shared
+        fan.subscribe(c, "s", [f({"search": query}), f({"search": f"other{i}", "kinds": [1]})])
+    hit = Conn()
+    fan.subscribe(hit, "s", [f({"search": "Quick brown"})])
+    assert calls["query_words"] == 101 and fan.searches == 51
+    calls["query_words"] = 0
+    miss = ev(SK[0], content="nothing any query asks for " * 100)
+    assert fan.publish(miss, encode_event(miss)) == 0
+    assert calls == {"matches": 0, "query_words": 0}
+    brown = ev(SK[0], content="the quick, BROWN fox")
+    assert fan.publish(brown, encode_event(brown)) == 1 and len(hit.frames) == 1
+    assert calls == {"matches": 1, "query_words": 0}
+    only_quick = ev(SK[0], content="quick only")
+    assert fan.publish(only_quick, encode_event(only_quick)) == 0  # every word must be there
+    engram = ev(SK[0], kind=30174, tags=[("d", "x")], content="quick brown")
+    assert fan.publish(engram, encode_event(engram)) == 0  # ciphertext never matches
+    for c in [*conns, hit]:
+        fan.drop_connection(c)
+    assert fan.searches == 0 and not fan._words and not fan._index

@@ -326,3 +326,34 @@ async def test_the_engram_head_fetch_never_reads_event_tags(
     assert not [n for n in _walk_nodes(plan) if n.get("Relation Name") == "event_tags"], plan
     assert rows_touched(plan) <= 2, plan
     assert len(await store.query([f], TENANT, PK)) == 1
+
+
+async def test_many_tag_values_are_one_statement_shape(skewed: tuple[PostgresStore, str]) -> None:
+    """Several values of a tag are one array parameter read through LATERAL ranges: the
+    statement, and so the plan PostgreSQL makes of it, are the same for 2 values as for
+    256 (a UNION ALL branch per value cost seconds of planning at 16 x 256, issue 37).
+    Each absent value is one probe; the values present are all found, each event once."""
+    store, url = skewed
+    absent = [f"absent-{i}" for i in range(256)]
+    few = Filter(tags={"t": absent[:2]}, limit=10)
+    many = Filter(tags={"t": absent}, limit=10)
+    (text_few, params_few), (text_many, params_many) = one(few), one(many)
+    assert text_few == text_many and len(params_few) == len(params_many)
+    plan_few, plan_many = (
+        await explain(url, text_few, params_few),
+        await explain(url, text_many, params_many),
+    )
+    assert len(_walk_nodes(plan_few)) == len(_walk_nodes(plan_many))
+    assert rows_touched(plan_many) == 0, plan_many
+    loops = [n["Actual Loops"] for n in _walk_nodes(plan_many) if n.get("Relation Name")]
+    assert max(loops) == 256, plan_many  # one probe of event_tags per value
+    mixed = Filter(tags={"t": [*absent[:100], "rare", *absent[100:200], "common"]}, limit=5)
+    text, params = one(mixed)
+    conn = await asyncpg.connect(url)
+    try:  # the rows' ids (their `raw` is a placeholder here): five, each once, newest first
+        rows = await conn.fetch(text, *params)
+    finally:
+        await conn.close()
+    assert len({r["id"] for r in rows}) == len(rows) == 5
+    assert [r["created_at"] for r in rows] == sorted((r["created_at"] for r in rows), reverse=True)
+    assert len(await store.query([Filter(tags={"t": [*absent, "rare"]}, limit=10)], TENANT)) == 3

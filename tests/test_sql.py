@@ -267,3 +267,25 @@ def test_count_of_one_tag_gates_private_kinds() -> None:
     assert "(e.pubkey = $" in text and placeholders(text) == set(range(1, len(params) + 1))
     text, _ = sql.build_count([Filter(tags={"e": ["x"]})], "t", None, 100)  # type: ignore[misc]
     assert f"x.kind NOT IN (4, 1059, 1060, {KIND_ENGRAM})" in text and "e.pubkey" not in text
+
+
+def test_statement_size_does_not_grow_with_the_values() -> None:
+    """Tag values are one array parameter whatever their count (one value stays a scalar:
+    readbatch batches it); merged per-author scans are bounded per REQ, not per filter."""
+    texts = set()
+    for n in (2, 3, 256):
+        f = Filter(tags={"t": [f"v{i}" for i in range(n)]}, kinds=[1], limit=10)
+        text, params = sql.build_query([f], "t")  # type: ignore[misc]
+        texts.add(text)
+        assert [sql.tag_key("t", f"v{i}") for i in range(n)] in params
+        assert placeholders(text) == set(range(1, len(params) + 1))
+    assert len(texts) == 1
+    text, params = sql.build_query([Filter(tags={"t": ["v"]}, limit=10)], "t")  # type: ignore[misc]
+    assert "unnest" not in text and all(not isinstance(v, list) for v in params)
+    authors = [f"{i:064x}" for i in range(sql.MERGE_AUTHORS_MAX)]
+    filters = [Filter(authors=authors, kinds=[k], limit=5) for k in range(16)]
+    text, params = sql.build_query(filters, "t")  # type: ignore[misc]
+    merged = text.count("pubkey = $")
+    assert merged == sql.MERGE_BRANCHES_MAX, merged
+    assert text.count("CROSS JOIN LATERAL") == 16 - sql.MERGE_BRANCHES_MAX // len(authors)
+    assert placeholders(text) == set(range(1, len(params) + 1))
