@@ -43,6 +43,18 @@ def _is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
+TokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="ENGRAM_MCP_TOKEN",
+        show_envvar=True,
+        metavar="TOKEN",
+        help="With --http: the bearer token clients must send (default: the one kept in "
+        "~/.config/engram/mcp-token, made and printed at the first start).",
+    ),
+]
+
 HttpOpt = Annotated[
     str | None,
     typer.Option(
@@ -61,18 +73,21 @@ def mcp_command(
     agent: AgentOpt = None,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT,
     http: HttpOpt = None,
+    token: TokenOpt = None,
 ) -> None:
     """Serve the agent's memory as MCP tools (stdio, or streamable HTTP with --http).
 
     Tools memory_get, memory_hash, memory_list, memory_refs, and memory_set, memory_patch,
     memory_delete unless --agent makes it an owner's read-only session; the core profile as
     resource engram://core and prompt core_profile. Keys and relays as for `engram mem`.
+    Over HTTP every request must carry `Authorization: Bearer TOKEN` (see --token).
     """
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="engram mcp: %(message)s")
     try:
         ident = load_identity(key_file, owner, agent)
         relays = relay_urls(relay)
         bind = parse_http(http) if http is not None else None
+        bearer = _bearer(token) if bind is not None else None
     except InputError as exc:
         typer.echo(f"engram: {' '.join(str(exc).split())}", err=True)
         raise typer.Exit(1) from None
@@ -83,20 +98,43 @@ def mcp_command(
     from cli.memory.mcp_server import build_server, inner_timeout
 
     memory = AgentMemory(ident, relays, timeout=inner_timeout(timeout))
-    server = build_server(memory, timeout)
+    if bind is None:
+        server = build_server(memory, timeout)
+    else:
+        host, port = bind
+        shown = f"[{host}]" if ":" in host else host
+        server = build_server(memory, timeout, bearer, f"http://{shown}:{port}")
     try:
         if bind is None:
             anyio.run(server.run_stdio_async)
             return
-        host, port = bind
         if not _is_loopback(host):
             log.warning(
-                "serving on %s: anyone who can reach this port can use this memory with the "
-                "held key (this server has no MCP authentication)",
+                "serving on %s: reachable from other hosts over plain HTTP; only the bearer "
+                "token guards this memory (keep it on loopback, or behind TLS)",
                 host,
             )
-        shown = f"[{host}]" if ":" in host else host
         typer.echo(f"engram mcp: serving http://{shown}:{port}{MCP_PATH}", err=True)
         anyio.run(lambda: server.run_streamable_http_async(host=host, port=port))
     except KeyboardInterrupt:
         pass
+
+
+def _bearer(given: str | None) -> str:
+    """The HTTP server's bearer token: `--token`/`ENGRAM_MCP_TOKEN`, else the one kept in
+    the config directory (made now, and printed this once, if there is none)."""
+    from cli.memory.mcp_auth import TOKEN_FILE, check_token, config_dir, stored_token
+
+    if given is not None:
+        return check_token(given, "--token (ENGRAM_MCP_TOKEN)")
+    path = config_dir() / TOKEN_FILE
+    token, made = stored_token(path)
+    if made:
+        typer.echo(
+            f"engram mcp: new bearer token, kept in {path} (mode 0600); configure your MCP"
+            f" host to send the header\n  Authorization: Bearer {token}",
+            err=True,
+        )
+    else:
+        typer.echo(f"engram mcp: clients must send the bearer token kept in {path}", err=True)
+    return token

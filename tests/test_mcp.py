@@ -11,13 +11,16 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import secrets
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 from cli_support import (
     ENGRAM,
@@ -31,8 +34,9 @@ from cli_support import (
     shared_relay,
     stalling_relays,
 )
-from mcp import Client, StdioServerParameters
+from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult
 from nostr_client import Client as NostrClient
 from relay_fixtures import RelayProcess, free_port
@@ -52,6 +56,7 @@ READ_TOOLS = {
 }
 WRITE_TOOLS = {"memory_set", "memory_patch", "memory_delete"}
 CALL_BOUND = 120.0  # generous outer bound for one MCP call on a loaded machine
+TOKEN = secrets.token_urlsafe(24)  # the HTTP servers' bearer token (ENGRAM_MCP_TOKEN)
 
 
 @pytest.fixture(scope="module")
@@ -147,9 +152,17 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], log_path: Path) -> None
     raise RuntimeError(f"engram mcp --http did not listen:\n{log_path.read_text()}")
 
 
+def bearer_client(token: str | None) -> httpx2.AsyncClient:
+    """The HTTP client under the SDK's: sends `Authorization: Bearer token` when given."""
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    return httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
+
+
 @contextlib.asynccontextmanager
-async def http_server(env: dict[str, str], *args: str, log_dir: Path) -> AsyncIterator[Server]:
-    """`engram mcp --http 127.0.0.1:PORT ARGS`; stdout and stderr go to one file."""
+async def http_process(
+    env: dict[str, str], *args: str, log_dir: Path
+) -> AsyncIterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    """`engram mcp --http 127.0.0.1:PORT ARGS` listening: (its URL, the process, its log)."""
     port = free_port()
     log_path = log_dir / f"mcp-http-{port}.log"
     with open(log_path, "wb") as out:
@@ -163,9 +176,7 @@ async def http_server(env: dict[str, str], *args: str, log_dir: Path) -> AsyncIt
         )
     try:
         await asyncio.to_thread(_wait_port, port, proc, log_path)
-        url = f"http://127.0.0.1:{port}/mcp"
-        async with Client(url, read_timeout_seconds=CALL_BOUND) as client:
-            yield Server(client, log_path)
+        yield f"http://127.0.0.1:{port}/mcp", proc, log_path
     finally:
         proc.terminate()
         try:
@@ -173,6 +184,21 @@ async def http_server(env: dict[str, str], *args: str, log_dir: Path) -> AsyncIt
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+@contextlib.asynccontextmanager
+async def http_server(env: dict[str, str], *args: str, log_dir: Path) -> AsyncIterator[Server]:
+    """`engram mcp --http 127.0.0.1:PORT ARGS` (the bearer token from ENGRAM_MCP_TOKEN,
+    TOKEN unless `env` sets one); stdout and stderr go to one file."""
+    env = {"ENGRAM_MCP_TOKEN": TOKEN, **env}
+    async with (
+        http_process(env, *args, log_dir=log_dir) as (url, _, log_path),
+        bearer_client(env["ENGRAM_MCP_TOKEN"]) as http,
+        Client(
+            streamable_http_client(url, http_client=http), read_timeout_seconds=CALL_BOUND
+        ) as client,
+    ):
+        yield Server(client, log_path)
 
 
 SERVERS = {"stdio": stdio_server, "http": http_server}
@@ -580,3 +606,84 @@ def test_start_up_errors_are_one_line_exit_1(keys: Keys) -> None:
         assert failed.returncode == 1, failed.stderr
         assert failed.stdout == b""
         assert failed.stderr.startswith(b"engram: ") and failed.stderr.count(b"\n") == 1
+
+
+# --- the HTTP transport's bearer token (issue 37, item 4) -----------------------------------
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, or `exc` itself."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+    return [exc]
+
+
+async def test_http_answers_only_the_bearer_of_its_token(
+    relay: RelayProcess, keys: Keys, tmp_path: Path
+) -> None:
+    """Any local account could call the HTTP server's tools with the key it holds: now a
+    request without the token, or with another, is refused 401 before any MCP message
+    is read (the SDK's own client and a bare POST alike), and the token works."""
+    env = {**keys.agent_env(relay.url), "ENGRAM_MCP_TOKEN": TOKEN}
+    async with http_process(env, log_dir=tmp_path) as (url, _, log_path):
+        for token in (None, "wrong-" + TOKEN, TOKEN[:-1]):
+            async with bearer_client(token) as http:
+                transport = streamable_http_client(url, http_client=http)
+                with pytest.raises(BaseException) as refused:
+                    async with Client(transport, read_timeout_seconds=CALL_BOUND) as client:
+                        await client.call_tool("memory_set", {"slug": "x", "value": "stolen"})
+                assert any(isinstance(e, MCPError) for e in leaves(refused.value)), refused
+                initialize = {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {},
+                        "clientInfo": {"name": "curl", "version": "1"},
+                    },
+                }
+                answer = await http.post(
+                    url,
+                    json=initialize,
+                    headers={"Accept": "application/json, text/event-stream"},
+                )
+                assert answer.status_code == 401, answer.text
+                assert answer.headers["www-authenticate"].startswith("Bearer ")
+        async with bearer_client(TOKEN) as http:
+            transport = streamable_http_client(url, http_client=http)
+            async with Client(transport, read_timeout_seconds=CALL_BOUND) as client:
+                server = Server(client, log_path)
+                await server.error("memory_get", "not_found", slug="x")  # nothing got through
+                await server.ok("memory_set", slug="notes/guarded", value="mine")
+                got = await server.ok("memory_get", slug="notes/guarded")
+                assert got.content[0].text == "mine"
+        assert TOKEN not in log_path.read_text()  # a given token is never printed
+
+
+async def test_http_token_is_made_once_kept_0600_and_refused_if_others_can_read_it(
+    relay: RelayProcess, keys: Keys, tmp_path: Path
+) -> None:
+    """Without --token: a token is made at the first start, written with mode 0600 in the
+    config directory and printed once; later starts use it and do not print it; a token
+    file other users could read is refused, as is a token too short to be secret."""
+    env = {**keys.agent_env(relay.url), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    path = tmp_path / "config" / "engram" / "mcp-token"
+    async with http_process(env, log_dir=tmp_path) as (url, _, log_path):
+        token = path.read_text().strip()
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        assert log_path.read_text().count(token) == 1
+        async with bearer_client(token) as http:
+            transport = streamable_http_client(url, http_client=http)
+            async with Client(transport, read_timeout_seconds=CALL_BOUND) as client:
+                assert await Server(client, log_path).tool_names() == READ_TOOLS | WRITE_TOOLS
+    async with http_process(env, log_dir=tmp_path) as (url, _, log_path):
+        assert path.read_text().strip() == token and token not in log_path.read_text()
+        assert str(path) in log_path.read_text()
+    path.chmod(0o644)
+    failed = engram("mcp", "--http", str(free_port()), env=env)
+    assert failed.returncode == 1 and b"chmod 600" in failed.stderr, failed.stderr
+    assert failed.stderr.count(b"\n") == 1 and token.encode() not in failed.stderr
+    failed = engram("mcp", "--http", str(free_port()), "--token", "short", env=env)
+    assert failed.returncode == 1 and b"at least 16 characters" in failed.stderr, failed.stderr

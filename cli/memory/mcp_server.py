@@ -27,6 +27,7 @@ from pydantic import Field, ValidationError
 from cli.errors import AgentMemoryError
 from cli.memory.api import AgentMemory, CoreRead, SetReport, WriteResult
 from cli.memory.hook import HEADER
+from cli.memory.mcp_auth import StaticToken, auth_settings
 from engram import EngramError
 
 T = TypeVar("T")
@@ -256,12 +257,15 @@ def inner_timeout(timeout: float) -> float:
     return timeout - min(0.5, timeout / 5)
 
 
-def build_server(memory: AgentMemory, timeout: float) -> EngramMCP:
+def build_server(
+    memory: AgentMemory, timeout: float, token: str | None = None, base_url: str = ""
+) -> EngramMCP:
     """The MCP server over `memory`; the write tools only when the held key may write.
 
     Every call is cut off after `timeout` seconds whatever the relays do. Give `memory` a
     slightly shorter deadline (`inner_timeout`), so that with a relay set its own deadline
-    comes first and the relays that did answer still give a result.
+    comes first and the relays that did answer still give a result. With `token`, its
+    HTTP transport (served at `base_url`) answers only requests bearing it (mcp_auth).
     """
     server = EngramMCP(
         "engram",
@@ -269,6 +273,8 @@ def build_server(memory: AgentMemory, timeout: float) -> EngramMCP:
         instructions=INSTRUCTIONS,
         version=_version(),
         log_level="WARNING",
+        token_verifier=None if token is None else StaticToken(token),
+        auth=None if token is None else auth_settings(base_url),
     )
 
     async def call(
