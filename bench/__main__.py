@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "pgindex": "PostgreSQL CPU per stored event with each index of `events` removed in turn",
     "flood": "one client's authors REQ latency while 8 connections flood costly REQs",
     "recall": "recall quality (held-out questions) and speed/size at 1k, 10k, 100k memories",
+    "abuse": "other clients' EVENT and REQ latency under a live-search flood and 41 KB tag REQs",
 }
 
 USAGE = (

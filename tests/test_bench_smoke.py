@@ -231,3 +231,23 @@ def test_compare_settle_waits_no_longer_than_its_limit() -> None:
     assert compare.settle(0.0, said.append, quiet=0.0) < 1  # never quiet: the limit ends it
     assert compare.settle(60.0, said.append, quiet=1e9) < 1  # always quiet: no wait
     assert said == []
+
+
+def test_bench_abuse_end_to_end(tmp_path: Path) -> None:
+    """`bench abuse` at a tiny size: a real relay with loopback limited, every phase with
+    figures for the victim, the abusers' answers counted, the verdicts and the report
+    between its markers. Nothing about speed is asserted."""
+    from bench.abuse import BEGIN, END, PHASES
+
+    _, text = run_into_results(
+        tmp_path,
+        BEGIN,
+        END,
+        *("abuse", "--rounds", "1", "--seconds", "0.5", "--samples", "2"),
+        *("--flood-connections", "2", "--query-bytes", "5000", "--in-flight", "1"),
+    )
+    for phase in PHASES:
+        row = re.search(rf"^\| 1 \| {phase} \| [^|]+ \| ([\d,]+) \|", text, re.M)
+        assert row and int(row.group(1).replace(",", "")) > 0, text
+    assert "| search flood | `longest allowed search: EOSE` |" in text, text
+    assert "too many values in one REQ" in text and "**Verdicts (issue 37" in text
