@@ -117,8 +117,10 @@ async def test_close_answers_every_event_not_yet_checked(
 
 
 def _is_zombie(pid: int) -> bool:
+    """Exited and not yet reaped, or gone (reaped between the caller's check and here:
+    reading /proc/PID then fails with ESRCH, not ENOENT)."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return True
