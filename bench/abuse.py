@@ -62,7 +62,9 @@ from typing import Any
 import msgspec
 
 from bench import wsclient
-from bench.load import Watch, raise_fd_limit, reason_key, run_async
+from bench.lanes import raise_fd_limit, run_async
+from bench.procwatch import Watch
+from bench.results import reason_key, run_lines, write_results
 from engram.nip01 import Event, pubkey_of, sign_event
 
 BEGIN, END = "<!-- abuse:begin -->", "<!-- abuse:end -->"
@@ -547,8 +549,6 @@ VICTIM_WHAT = {
 def report(
     rounds: list[list[Phase]], argv: list[str], server: str, o: Options, loadavg: Any
 ) -> str:
-    from bench.scalereport import run_lines
-
     lines = [
         *run_lines("abuse", argv, server, loadavg),
         "- relay: `engram serve`, default settings but `rate.exempt_loopback = false`"
@@ -708,8 +708,6 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(text)
     if args.results:
-        from bench.compare import write_results
-
         write_results(args.results, text, BEGIN, END)
         print(f"wrote {args.results}")
     return 0
