@@ -173,10 +173,10 @@ class RelayClient:
                 self._oks[msg[1]] = (bool(msg[2]), str(msg[3]) if len(msg) > 3 else "")
         return self._oks.pop(event_id)
 
-    async def _query_once(self, nostr_filter: dict[str, Any]) -> tuple[list[Event], str | None]:
+    async def _query_once(self, filters: list[dict[str, Any]]) -> tuple[list[Event], str | None]:
         self._sub_counter += 1
         sub_id = f"engram-{self._sub_counter}"
-        await self.send(["REQ", sub_id, nostr_filter])
+        await self.send(["REQ", sub_id, *filters])
         events: list[Event] = []
         while True:
             msg = await self.recv()
@@ -209,12 +209,14 @@ class RelayClient:
         await self.authenticate()
         return True
 
-    async def query(self, nostr_filter: dict[str, Any]) -> list[Event]:
-        """Stored events matching one filter, up to EOSE. Malformed events are dropped."""
+    async def query(self, nostr_filter: dict[str, Any] | list[dict[str, Any]]) -> list[Event]:
+        """Stored events matching a filter (or any of a list of filters, in one REQ), up to
+        EOSE. Malformed events are dropped."""
+        filters = nostr_filter if isinstance(nostr_filter, list) else [nostr_filter]
         if self._should_auth():
             await self.authenticate()
         while True:
-            events, closed = await self._query_once(nostr_filter)
+            events, closed = await self._query_once(filters)
             if self._should_auth():  # challenged mid-request: ask again, authenticated
                 await self.authenticate()
                 continue

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import sys
 import time
 from collections import Counter
@@ -25,6 +24,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli.common import ConfigOpt, DatabaseOpt, DataDirOpt, resolve_database_url, settings_or_exit
+from cli.timeparse import parse_time
 from engram.kinds import KIND_DELETION
 from relay.store import DEFAULT_TENANT
 
@@ -46,17 +46,6 @@ TenantOpt = Annotated[
 def _fail(command: str, message: str, code: int = 1) -> typer.Exit:
     typer.echo(f"engram {command}: {message}", err=True)
     return typer.Exit(code)
-
-
-def parse_time(text: str) -> int:
-    """Unix seconds, or an ISO 8601 date/time (no zone = UTC); ValueError otherwise."""
-    t = text.strip()
-    if re.fullmatch(r"-?\d+", t):
-        return int(t)
-    dt = datetime.fromisoformat(t)  # 2024-05-01, 2024-05-01T12:00, ...Z, ...+02:00
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return int(dt.timestamp())
 
 
 def _time_opt(command: str, name: str, text: str | None) -> int | None:

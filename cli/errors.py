@@ -48,3 +48,19 @@ class ConflictError(AgentMemoryError):
 
     code = "conflict"
     exit_code = 5
+
+
+class RefusedError(BadInputError):
+    """A write the memory's rules refuse (exit code 1): a value a tombstone rejected or the
+    owner denied, or an agent write over the owner's correction. `version_id` names the
+    tombstone or verdict, `reason` is its reason; `overridable` says whether force helps."""
+
+    code = "refused"
+
+    def __init__(
+        self, message: str, version_id: str, reason: str | None, overridable: bool
+    ) -> None:
+        super().__init__(message)
+        self.version_id = version_id
+        self.reason = reason
+        self.overridable = overridable

@@ -1,10 +1,11 @@
 """`engram mem …`: read and write agent memory (engrams) on a relay set.
 
 The command layer only: options, input caps, output formats and the exit-code contract
-(0 ok, 1 bad input or not found, 2 relay/network/timeout, 3 authentication, 4 other,
-5 conflict). Every operation is a call to `cli.memory.api.AgentMemory`; its errors carry
-their exit code. Nothing here prints a key; decrypted text goes only to stdout of `get`,
-`search` (snippets) and `patch --dry-run`.
+(0 ok, 1 bad input, not found or refused, 2 relay/network/timeout, 3 authentication,
+4 other, 5 conflict, 6 the audit found a problem). Every operation is a call to
+`cli.memory.api.AgentMemory`; its errors carry their exit code. Nothing here prints a
+key; decrypted text goes only to stdout of `get`, `search` (snippets), `diff` and `patch
+--dry-run`. History, audit and owner verdicts are in `cli.mem_history`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typer.core import TyperGroup
 from cli.errors import AgentMemoryError, BadInputError, ConflictError
 from cli.identity import load_identity, relay_urls
 from cli.memory.api import AgentMemory, RelaySync, SetReport
+from cli.timeparse import format_time, parse_time
 from engram import CORE_SLUG, EngramError
 
 T = TypeVar("T")
@@ -106,6 +108,69 @@ Timeout = Annotated[
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of text lines.")]
 SlugArg = Annotated[str, typer.Argument(help="Slug, e.g. notes/x (mem/ is added) or core.")]
+Correct = Annotated[
+    str | None,
+    typer.Option(
+        "--agent",
+        help="Owner correction: the key held is the owner's; write to this agent's memory.",
+    ),
+]
+TrustOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--trust",
+        help="guess (the agent inferred it; the default) or stated (the user said so). "
+        "The owner's values are always confirmed.",
+    ),
+]
+SourceOpt = Annotated[
+    str | None, typer.Option("--source", help="Where it came from: a session, a tool, a URL.")
+]
+ValidFrom = Annotated[
+    str | None,
+    typer.Option("--valid-from", metavar="TIME", help="The fact holds from TIME (unix s or ISO)."),
+]
+ValidUntil = Annotated[
+    str | None,
+    typer.Option("--valid-until", metavar="TIME", help="The fact holds until TIME (excluded)."),
+]
+Force = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Write a value a tombstone rejected, or over the owner's correction "
+        "(never a value the owner denied).",
+    ),
+]
+ValidNow = Annotated[
+    bool, typer.Option("--valid-now", help="Hide facts not valid now (ended or not yet begun).")
+]
+
+
+def when(text: str | None, option: str) -> int | None:
+    """A TIME option: unix seconds or ISO 8601 (UTC where no zone is given)."""
+    if text is None:
+        return None
+    try:
+        return parse_time(text)
+    except ValueError:
+        raise InputError(f"{option}: not unix seconds or an ISO 8601 time: {text!r}") from None
+
+
+def trust_col(trust: str | None) -> str:
+    return trust or "-"
+
+
+def validity_col(valid_from: int | None, valid_until: int | None, ended: bool) -> str:
+    """`-`, or `ended <until>` (marked, not hidden), or the window when one is set."""
+    if ended and valid_until is not None:
+        return f"ended {format_time(valid_until)}"
+    parts = []
+    if valid_from is not None:
+        parts.append(f"from {format_time(valid_from)}")
+    if valid_until is not None:
+        parts.append(f"until {format_time(valid_until)}")
+    return " ".join(parts) or "-"
 
 
 def memory(
@@ -165,16 +230,39 @@ def _slug(raw: str) -> str:
 @mem_app.command()
 def get(
     slug: SlugArg,
+    as_of: Annotated[
+        str | None,
+        typer.Option("--as-of", metavar="TIME", help="The value at TIME (newest version then)."),
+    ] = None,
+    rev: Annotated[
+        str | None,
+        typer.Option("--rev", metavar="ID", help="That version (id or 8+ hex prefix, see log)."),
+    ] = None,
+    valid_at: Annotated[
+        str | None,
+        typer.Option("--valid-at", metavar="TIME", help="Exit 1 unless the fact holds at TIME."),
+    ] = None,
+    json_out: JsonFlag = False,
     relay: Relay = None,
     owner: Owner = None,
     key_file: KeyFile = None,
     agent: Agent = None,
     timeout: Timeout = DEFAULT_TIMEOUT,
 ) -> None:
-    """Print the value's exact bytes (no newline added); `core` prints the profile."""
+    """Print the value's exact bytes (no newline added); `core` prints the profile.
+
+    `--json` prints the value with its version: id, created_at, author, role, trust,
+    source, valid_from, valid_until, ended, value_sha256. A fact whose validity has ended
+    is still printed (exit 0); `--valid-at` outside its window is exit 1.
+    """
     slug = _slug(slug)
-    entry = run(memory(relay, owner, key_file, agent, timeout).get(slug))
-    report(entry.report)
+    at, valid = when(as_of, "--as-of"), when(valid_at, "--valid-at")
+    mem = memory(relay, owner, key_file, agent, timeout)
+    entry = run(mem.get(slug, as_of=at, rev=rev, valid_at=valid))
+    report(entry.report, json_out)
+    if json_out:
+        typer.echo(json.dumps(entry.as_json(), ensure_ascii=False))
+        return
     _write_stdout(entry.value)
 
 
@@ -195,12 +283,24 @@ def set_(
     allow_empty: Annotated[
         bool, typer.Option("--allow-empty", help="Accept an empty stdin as the value.")
     ] = False,
+    trust: TrustOpt = None,
+    source: SourceOpt = None,
+    valid_from: ValidFrom = None,
+    valid_until: ValidUntil = None,
+    force: Force = False,
     relay: Relay = None,
     owner: Owner = None,
     key_file: KeyFile = None,
+    agent: Correct = None,
     timeout: Timeout = DEFAULT_TIMEOUT,
 ) -> None:
-    """Write a value (agent key only) to every relay of the set. Prints the new event id."""
+    """Write a new version to every relay of the set. Prints its id.
+
+    With the agent's key: trust guess (default) or stated. With the owner's key and
+    --agent: an owner correction (confirmed), which the agent needs --force to write
+    over. A value a tombstone rejected is refused (exit 1) unless --force; a value the
+    owner denied is always refused for the agent.
+    """
     slug = _slug(slug)
     if value == "-":
         value = read_capped(sys.stdin.buffer, STDIN_CAP, "stdin")
@@ -209,8 +309,18 @@ def set_(
                 "stdin is empty; pass --allow-empty to store an empty value, "
                 f"or use `engram mem rm {slug}` to delete it"
             )
-    mem = memory(relay, owner, key_file, None, timeout)
-    result = run(_then_close(mem, mem.set(slug, value)))
+    mem = memory(relay, owner, key_file, agent, timeout)
+    window = when(valid_from, "--valid-from"), when(valid_until, "--valid-until")
+    write = mem.set(
+        slug,
+        value,
+        trust=trust,
+        source=source,
+        valid_from=window[0],
+        valid_until=window[1],
+        force=force,
+    )
+    result = run(_then_close(mem, write))
     _written(result)
     for near in result.similar:  # write-time hints: stderr, so stdout stays the event id
         warn(
@@ -249,14 +359,22 @@ def patch(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the result (stdout) and its hash (stderr).")
     ] = False,
+    trust: TrustOpt = None,
+    source: SourceOpt = None,
+    valid_from: ValidFrom = None,
+    valid_until: ValidUntil = None,
+    force: Force = False,
     relay: Relay = None,
     owner: Owner = None,
     key_file: KeyFile = None,
+    agent: Correct = None,
     timeout: Timeout = DEFAULT_TIMEOUT,
 ) -> None:
     """Apply a one-file unified diff exactly (no fuzz, no offset) to the current value.
 
-    An absent or removed slug patches as the empty value.
+    An absent or removed slug patches as the empty value. Trust, source and validity
+    carry over unless given; the refusals of `set` apply. With --agent (owner key): a
+    correction.
     """
     slug = _slug(slug)
     if (base_hash is None) == (not no_base_hash):
@@ -272,8 +390,20 @@ def patch(
                 diff = read_capped(fh, PATCH_CAP, "patch")
         except OSError as exc:
             raise InputError(f"cannot read {file}: {exc.strerror or exc}") from exc
-    mem = memory(relay, owner, key_file, None, timeout)
-    result = run(mem.patch(slug, diff, expected, dry_run=dry_run))
+    mem = memory(relay, owner, key_file, agent, timeout)
+    result = run(
+        mem.patch(
+            slug,
+            diff,
+            expected,
+            dry_run=dry_run,
+            trust=trust,
+            source=source,
+            valid_from=when(valid_from, "--valid-from"),
+            valid_until=when(valid_until, "--valid-until"),
+            force=force,
+        )
+    )
     if dry_run:
         report(result.report)
         _write_stdout(result.value or "")
@@ -284,6 +414,7 @@ def patch(
 
 @mem_app.command()
 def ls(
+    valid_now: ValidNow = False,
     json_out: JsonFlag = False,
     relay: Relay = None,
     owner: Owner = None,
@@ -291,33 +422,51 @@ def ls(
     agent: Agent = None,
     timeout: Timeout = LIST_TIMEOUT,
 ) -> None:
-    """List live memories: slug, event id, created_at (core and tombstones omitted).
+    """List live memories: slug, version id, created_at, trust, validity.
 
-    Complete: every relay is paged past its max_limit. `--json` prints the array of
-    entries, and skipped events and lagging relays as one JSON object on stderr.
+    Core, removed, denied and forgotten memories are omitted; a fact whose validity has
+    ended is marked (`ended …`), hidden only with --valid-now. Complete: every relay is
+    paged past its max_limit. `--json` prints the array of entries (slug, event_id,
+    created_at, trust, role, author, source, valid_from, valid_until, ended, sha256), and
+    skipped events and lagging relays as one JSON object on stderr.
     """
-    listing = run(memory(relay, owner, key_file, agent, timeout).ls())
+    listing = run(memory(relay, owner, key_file, agent, timeout).ls(valid_now=valid_now))
     report(listing.report, json_out)
     if json_out:
         typer.echo(msgspec.json.encode(listing.entries).decode())
         return
     for row in listing.entries:
-        typer.echo(f"{row.slug}\t{row.event_id}\t{row.created_at}")
+        validity = validity_col(row.valid_from, row.valid_until, row.ended)
+        typer.echo(
+            f"{row.slug}\t{row.event_id}\t{row.created_at}\t{trust_col(row.trust)}\t{validity}"
+        )
 
 
 @mem_app.command()
 def rm(
     slug: Annotated[str, typer.Argument(help="Slug to remove (publishes a tombstone).")],
+    reason: Annotated[
+        str | None, typer.Option("--reason", help="Why: recorded in the tombstone.")
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Remove over the owner's correction.")
+    ] = False,
     relay: Relay = None,
     owner: Owner = None,
     key_file: KeyFile = None,
     timeout: Timeout = DEFAULT_TIMEOUT,
 ) -> None:
-    """Publish a tombstone for a memory. Prints the tombstone's event id."""
+    """Publish a tombstone for a memory. Prints the tombstone's id.
+
+    The tombstone records the reason and the sha256 of the removed value (not the
+    value): a later `set` or `patch` to that value is refused unless --force.
+    """
     slug = _slug(slug)
     if slug == CORE_SLUG:
         raise InputError("core cannot be removed; to clear it run: engram mem set core ''")
-    _written(run(memory(relay, owner, key_file, None, timeout).rm(slug)))
+    _written(
+        run(memory(relay, owner, key_file, None, timeout).rm(slug, reason=reason, force=force))
+    )
 
 
 @mem_app.command()
@@ -331,8 +480,10 @@ def refs(
 ) -> None:
     """Reachability from core through its slug links: reachable, orphans, dangling.
 
-    A link is a slug in double square brackets inside a value or the profile. Nothing is
-    deleted: orphans are shown so you can decide.
+    A link is a slug in double square brackets inside a value or the profile; a link to a
+    memory that does not read as live (absent, removed, denied, forgotten) dangles.
+    Nothing is deleted: orphans are shown so you can decide. Reachable and orphan lines
+    end with the memory's trust and validity, as `ls` shows them.
     """
     graph = run(memory(relay, owner, key_file, agent, timeout).refs())
     report(graph.report, json_out)
@@ -344,15 +495,18 @@ def refs(
             "reachable": graph.reachable,
             "orphans": graph.orphans,
             "dangling": dangling,
+            "trust": graph.trust,
+            "ended": graph.ended,
         }
         if graph.report.skipped_total:
             out["skipped"] = _skipped(graph.report)
         typer.echo(json.dumps(out))
         return
-    for slug in graph.reachable:
-        typer.echo(f"reachable\t{slug}")
-    for slug in graph.orphans:
-        typer.echo(f"orphan\t{slug}")
+    ended = set(graph.ended)
+    for kind, slugs in (("reachable", graph.reachable), ("orphan", graph.orphans)):
+        for slug in slugs:
+            mark = "ended" if slug in ended else "-"
+            typer.echo(f"{kind}\t{slug}\t{trust_col(graph.trust.get(slug))}\t{mark}")
     for source, target in graph.dangling:
         typer.echo(f"dangling\t{target}\t(referenced by {source})")
 
@@ -366,6 +520,7 @@ def search(
     query: Annotated[str, typer.Argument(help="Text to find (case-insensitive).")],
     regex: Annotated[bool, typer.Option("--regex", help="QUERY is a regular expression.")] = False,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most N results.")] = 20,
+    valid_now: ValidNow = False,
     json_out: JsonFlag = False,
     relay: Relay = None,
     owner: Owner = None,
@@ -375,10 +530,12 @@ def search(
 ) -> None:
     """Search slugs and values after local decryption; the query never leaves this machine.
 
-    Prints slug, a one-line snippet around the match and created_at, best matches first.
+    Prints slug, a one-line snippet around the match, created_at, trust and validity,
+    best matches first. Only live memories are searched; --valid-now also hides facts
+    not valid now.
     """
     mem = memory(relay, owner, key_file, agent, timeout)
-    matches = run(mem.search(query, regex=regex, limit=limit))
+    matches = run(mem.search(query, regex=regex, limit=limit, valid_now=valid_now))
     report(matches.report, json_out)
     if json_out:
         rows = [
@@ -388,13 +545,18 @@ def search(
                 "created_at": m.created_at,
                 "event_id": m.event_id,
                 "score": m.score,
+                "trust": m.trust,
+                "role": m.role,
+                "valid_until": m.valid_until,
+                "ended": m.ended,
             }
             for m in matches
         ]
         typer.echo(json.dumps({"matches": rows, "skipped": _skipped(matches.report)}))
         return
     for m in matches:
-        typer.echo(f"{m.slug}\t{m.snippet}\t{m.created_at}")
+        validity = validity_col(None, m.valid_until, m.ended) if m.ended else "-"
+        typer.echo(f"{m.slug}\t{m.snippet}\t{m.created_at}\t{trust_col(m.trust)}\t{validity}")
 
 
 @mem_app.command()
@@ -460,9 +622,10 @@ def sync(
     agent: Agent = None,
     timeout: Timeout = 60.0,
 ) -> None:
-    """Give each relay of the set every head it lacks, republished exactly as signed.
+    """Give each relay of the set every head and version it lacks, exactly as signed.
 
-    Heads are memories, tombstones and core. Idempotent; one summary line per relay; exit 2
+    Heads are memories, tombstones and core; versions are revisions and owner verdicts
+    (never a forgotten one). Idempotent; one summary line per relay; exit 2
     if a relay could not be brought up to date.
     """
     result = run(memory(relay, owner, key_file, agent, timeout).sync())
@@ -483,7 +646,7 @@ def migrate(
     agent: Agent = None,
     timeout: Timeout = 60.0,
 ) -> None:
-    """Copy every head to the --to relays, read each back there and compare event ids.
+    """Copy every head and version to the --to relays, then read each back there.
 
     Exit 2, naming the slugs, if any head is missing on a new relay. Idempotent.
     """
@@ -508,10 +671,12 @@ def export_(
     agent: Agent = None,
     timeout: Timeout = 60.0,
 ) -> None:
-    """Back up every head event (ciphertext, as published) to FILE, one JSON event a line."""
+    """Back up every head and version (ciphertext, as signed) to FILE, one event a line.
+
+    The file is 0600; forgotten versions are never exported."""
     result = run(memory(relay, owner, key_file, agent, timeout).export(file))
     report(result.report)
-    typer.echo(f"exported {result.heads} head event(s) to {result.path}", err=True)
+    typer.echo(f"exported {result.heads} event(s) to {result.path}", err=True)
 
 
 @mem_app.command("import")
@@ -532,3 +697,7 @@ def import_(
     )
     if any(r.error is not None or r.refused for r in result.relays.values()):
         raise typer.Exit(2)
+
+
+# History, audit, forget and owner verdicts register on mem_app there.
+import cli.mem_history  # noqa: E402, F401

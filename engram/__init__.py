@@ -16,6 +16,9 @@ from engram.body import (
 )
 from engram.envelope import (
     KIND_ENGRAM,
+    KIND_REVISION,
+    KIND_VERDICT,
+    MEMORY_KINDS,
     build_event,
     validate_and_decrypt,
     validate_engram_envelope,
@@ -53,6 +56,7 @@ from engram.head import (
     select_head,
     valid_heads,
 )
+from engram.live import Live, live_view
 from engram.nip01 import Event
 from engram.nip44 import conversation_key
 from engram.refs import Reachability, extract_refs, reachability
@@ -65,6 +69,7 @@ from engram.slug import (
     normalize_slug,
     validate_slug,
 )
+from engram.versions import Meta, Version, validate_version
 
 __all__ = [
     "BODY_MAX_BYTES",
@@ -72,6 +77,9 @@ __all__ = [
     "D_TAG_DOMAIN",
     "FUTURE_SKEW_MAX",
     "KIND_ENGRAM",
+    "KIND_REVISION",
+    "KIND_VERDICT",
+    "MEMORY_KINDS",
     "SLUG_MAX_BYTES",
     "Body",
     "BodyShapeError",
@@ -87,13 +95,16 @@ __all__ = [
     "InvalidEngramError",
     "InvalidSlugError",
     "ListingEntry",
+    "Live",
     "Lookup",
     "Memory",
+    "Meta",
     "Nip44Error",
     "Reachability",
     "SignatureError",
     "SlugMismatchError",
     "Tombstone",
+    "Version",
     "beats",
     "body_text",
     "build_event",
@@ -108,6 +119,7 @@ __all__ = [
     "is_live",
     "is_valid_slug",
     "listing",
+    "live_view",
     "lookup_head",
     "merge_heads",
     "monotonic_created_at",
@@ -120,4 +132,5 @@ __all__ = [
     "validate_and_decrypt",
     "validate_engram_envelope",
     "validate_slug",
+    "validate_version",
 ]

@@ -9,6 +9,7 @@ Pure: created_at, the NIP-44 nonce and the BIP-340 aux are arguments.
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 from engram import nip44
 from engram.body import Body, body_from_object, encode_body, parse_object, slug_of
@@ -26,6 +27,13 @@ from engram.nip01 import Event, is_hex, sign_event, verify_event
 from engram.slug import d_tag
 
 KIND_ENGRAM = 30174
+# The history extension (docs/NIP-AE-HISTORY.md, engram.versions): every version of a
+# memory as a regular event, so relays keep them all. Revisions are signed by the agent
+# and `p`-tag the owner, as heads do; owner verdicts are signed by the owner and `p`-tag
+# the agent. Relays treat all three like engrams (private, the envelope check below).
+KIND_REVISION = 4174
+KIND_VERDICT = 4175
+MEMORY_KINDS = frozenset((KIND_ENGRAM, KIND_REVISION, KIND_VERDICT))
 ALT_TAG = ["alt", "encrypted agent memory record"]
 REASON_PREFIX = "invalid: agent-engram "
 
@@ -64,31 +72,27 @@ def _single_tag(event: Event, name: str) -> str:
     return values[0]
 
 
-def check_envelope(event: Event, agent_pubkey: str, owner_pubkey: str) -> str:
-    """Rule 1; returns the event's `d` value."""
-    if event.kind != KIND_ENGRAM:
-        raise EnvelopeError(f"kind is {event.kind}, not {KIND_ENGRAM}")
+def check_envelope(
+    event: Event, agent_pubkey: str, owner_pubkey: str, kind: int = KIND_ENGRAM
+) -> str:
+    """Rule 1; returns the event's `d` value. `kind` and the two keys generalise it to
+    the history extension's kinds (engram.versions), whose author may be the owner."""
+    if event.kind != kind:
+        raise EnvelopeError(f"kind is {event.kind}, not {kind}")
     if event.pubkey != agent_pubkey:
-        raise EnvelopeError("event is not authored by the agent")
+        raise EnvelopeError("event is not authored by the expected key")
     d = _single_tag(event, "d")
     if _single_tag(event, "p") != owner_pubkey:
-        raise EnvelopeError("'p' tag does not name the owner")
+        raise EnvelopeError("'p' tag does not name the expected key")
     return d
 
 
-def validate_and_decrypt(
-    event: Event, agent_pubkey: str, owner_pubkey: str, conversation_key: bytes
-) -> Body:
-    """The five validity rules, in order (spec: *Validity of one event*).
-
-    The signature is checked before anything is decrypted. Messages never include the
-    plaintext or the slug, and content-derived causes are not chained.
-
-    Raises:
-        EnvelopeError (1), SignatureError (2), DecryptError (3), SlugMismatchError (4),
-        BodyShapeError (5); all subclasses of `InvalidEngramError` with a `rule` attribute.
-    """
-    d = check_envelope(event, agent_pubkey, owner_pubkey)
+def open_event(
+    event: Event, author: str, recipient: str, conversation_key: bytes, kind: int = KIND_ENGRAM
+) -> tuple[dict[str, Any], str]:
+    """Rules 1-4 for any kind of this family: envelope, signature (before decrypting),
+    strict JSON, slug re-deriving to `d`. Returns the decrypted object and its slug."""
+    d = check_envelope(event, author, recipient, kind)
     if not verify_event(event):
         raise SignatureError("event id or signature does not verify")
     try:
@@ -103,10 +107,34 @@ def validate_and_decrypt(
         raise SlugMismatchError("body has no valid slug") from None
     if d_tag(conversation_key, slug) != d:
         raise SlugMismatchError("body slug does not re-derive to the event's 'd' tag")
+    return obj, slug
+
+
+def open_engram(
+    event: Event, agent_pubkey: str, owner_pubkey: str, conversation_key: bytes
+) -> tuple[Body, dict[str, Any]]:
+    """`validate_and_decrypt`, also returning the decrypted object (whose members beyond
+    NIP-AE's are the history extension's, engram.versions)."""
+    obj, _ = open_event(event, agent_pubkey, owner_pubkey, conversation_key)
     try:
-        return body_from_object(obj)
+        return body_from_object(obj), obj
     except EngramError:
         raise BodyShapeError("body members do not match its slug's type") from None
+
+
+def validate_and_decrypt(
+    event: Event, agent_pubkey: str, owner_pubkey: str, conversation_key: bytes
+) -> Body:
+    """The five validity rules, in order (spec: *Validity of one event*).
+
+    The signature is checked before anything is decrypted. Messages never include the
+    plaintext or the slug, and content-derived causes are not chained.
+
+    Raises:
+        EnvelopeError (1), SignatureError (2), DecryptError (3), SlugMismatchError (4),
+        BodyShapeError (5); all subclasses of `InvalidEngramError` with a `rule` attribute.
+    """
+    return open_engram(event, agent_pubkey, owner_pubkey, conversation_key)[0]
 
 
 # --- relay side -------------------------------------------------------------------------
@@ -150,12 +178,13 @@ def _content_reason(content: str) -> str | None:
 
 
 def validate_engram_envelope(event: Event) -> str | None:
-    """Relay ingest rule for kind 30174: None if acceptable, else the `OK false` reason.
+    """Relay ingest rule for kind 30174 and the history kinds (MEMORY_KINDS): None if
+    acceptable, else the `OK false` reason.
 
     The relay cannot decrypt, so it checks only the tag shape and that `content` looks like
     a NIP-44 v2 payload (lengths and a 4-character decode; no full base64 decode).
     Other kinds are not its business and pass (None).
     """
-    if event.kind != KIND_ENGRAM:
+    if event.kind not in MEMORY_KINDS:
         return None
     return _tag_reason(event) or _content_reason(event.content)

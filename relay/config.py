@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from engram import KIND_ENGRAM as KIND_ENGRAM  # re-exported: relay code imports it here
+from engram import MEMORY_KINDS as MEMORY_KINDS  # engrams and their history (engram.versions)
 from engram.errors import KeyFormatError
 from engram.nip01 import parse_public_key
 from engram.nip42 import KIND_AUTH as KIND_AUTH  # re-exported, as KIND_ENGRAM
@@ -25,9 +26,10 @@ PRIVATE_KINDS = (4, 1059, 1060)  # Limits.private_kinds by default
 
 
 def private_set(kinds: typing.Iterable[int]) -> frozenset[int]:
-    """The kinds served only to their parties, given Limits.private_kinds: engrams are
-    always among them (spec "Relay-side rules: Reads")."""
-    return frozenset((KIND_ENGRAM, *kinds))
+    """The kinds served only to their parties, given Limits.private_kinds: engrams and
+    their history (revisions, owner verdicts) are always among them (spec "Relay-side
+    rules: Reads"; docs/NIP-AE-HISTORY.md)."""
+    return frozenset((*MEMORY_KINDS, *kinds))
 
 
 DEFAULT_PRIVATE = private_set(PRIVATE_KINDS)  # a tenant's, unless configured

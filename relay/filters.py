@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from engram.nip01 import Event, is_hex
-from relay.config import KIND_ENGRAM, Limits
+from relay.config import MEMORY_KINDS, Limits
 
 _decode_obj = msgspec.json.Decoder(dict[str, Any])
 _MAX_INT = 2**63 - 1
@@ -123,9 +123,10 @@ def words_match(terms: tuple[str, ...], event: Event, words: frozenset[str] | No
     word of the content (`words`, from `content_words`, computed here if not given).
 
     The stored path uses PostgreSQL full text ('simple' configuration); this agrees with
-    it on plain word queries. Engram content is ciphertext and never matches.
+    it on plain word queries. Engram content (heads, revisions, verdicts) is ciphertext
+    and never matches.
     """
-    if event.kind == KIND_ENGRAM:
+    if event.kind in MEMORY_KINDS:
         return False
     if not terms:
         return True

@@ -12,7 +12,7 @@ from engram.kinds import is_addressable as is_addressable  # re-exported: relay.
 from engram.kinds import is_ephemeral as is_ephemeral  # re-exported: relay.ingest
 from engram.kinds import is_replaceable as is_replaceable  # re-exported: relay.store.sql
 from engram.nip01 import Event, id_matches, is_hex, signature_valid_hex
-from relay.config import KIND_AUTH, KIND_ENGRAM, Limits
+from relay.config import KIND_AUTH, MEMORY_KINDS, Limits
 from relay.wire import Reason
 
 
@@ -80,10 +80,11 @@ def check_pow(event: Event, minimum: int) -> str | None:
 
 
 def check_kind(event: Event) -> str | None:
-    """Per-kind rules: AUTH events travel only in AUTH; engrams must look like engrams."""
+    """Per-kind rules: AUTH events travel only in AUTH; engrams (and their revisions and
+    owner verdicts) must look like engrams."""
     if event.kind == KIND_AUTH:
         return Reason.INVALID("kind 22242 AUTH events are sent with AUTH, not EVENT")
-    if event.kind == KIND_ENGRAM:
+    if event.kind in MEMORY_KINDS:
         return validate_engram_envelope(event)
     return None
 

@@ -279,3 +279,26 @@ def corrupt_core(keys: Keys) -> Event:
     content = encrypt('{"slug":"core","profile":"forged"}', wrong, os.urandom(32))
     tags = [["d", d_tag(ck, CORE_SLUG)], ["p", keys.owner]]
     return sign_event(keys.agent_sk, int(time.time()), 30174, tags, content, os.urandom(32))
+
+
+def shared_local_relay(tmp_dir: str) -> Any:
+    """Generator for a module-scoped fixture: nostr-sdk's LocalRelay (Rust, in memory, an
+    implementation nobody here wrote) in its own process, rate limit lifted."""
+    from bench.peers import _LOCAL_RELAY_SCRIPT, Running, _spawn, _ws_handshake_ok, wait_ready
+    from relay_fixtures import free_port
+
+    workdir = Path(tmp_dir)
+    script = workdir / "local_relay.py"
+    script.write_text(_LOCAL_RELAY_SCRIPT)
+    port = free_port()
+    run = Running(
+        "nostr-sdk LocalRelay",
+        f"ws://127.0.0.1:{port}",
+        _spawn([sys.executable, str(script), str(port)], workdir),
+        workdir,
+    )
+    wait_ready(run, port, _ws_handshake_ok)
+    try:
+        yield run.url
+    finally:
+        run.stop()

@@ -62,10 +62,10 @@ async def test_api_lifecycle_on_one_relay(relay: RelayProcess) -> None:
         await mem.get("notes/x")
     assert (missing.value.code, missing.value.exit_code) == ("not_found", 1)
     reader = owner(keys, [relay.url])
-    assert reader.read_only
+    assert reader.role == "owner"  # writes owner verdicts only (issue 39)
     assert (await reader.get("core")).value.startswith("I am a test agent")
     with pytest.raises(BadInputError):
-        await reader.set("notes/y", "no")
+        await reader.rm("core")  # the owner denies; it never removes
     assert (await agent(Keys.fresh(), [relay.url]).core()).status == "absent"
 
 

@@ -1,6 +1,7 @@
 """Checking the events a relay set returned for one agent's memory: each distinct event is
-validated (and decrypted) at most once, invalid ones are counted by reason, and the
-head rule is `engram.head`'s (`first_valid_heads`, `merge_heads`), never restated here."""
+validated (and decrypted) at most once, invalid ones are counted by reason. The head
+rule is `engram.head`'s (`first_valid_heads`, `merge_heads`) and the version rules are
+`engram.versions`'s, never restated here."""
 
 from __future__ import annotations
 
@@ -11,38 +12,63 @@ import msgspec
 
 from cli.identity import Identity
 from cli.memory.results import SKIP_REASONS
-from engram import Head, InvalidEngramError, first_valid_heads, validate_and_decrypt
+from engram import Head, InvalidEngramError, first_valid_heads
+from engram.envelope import open_engram
 from engram.nip01 import Event
+from engram.versions import Version, head_version, validate_version
 
 
 class HeadChecker:
     """Validates each distinct event once (a tampered copy is a distinct event) and
-    counts the invalid ones by reason."""
+    counts the invalid ones by reason. Heads (kind 30174) come back as `Head` for the
+    head rule and as `Version` for the history extension; revisions and verdicts as
+    `Version`."""
 
     def __init__(self, ident: Identity) -> None:
         self._ident = ident
-        self._seen: dict[bytes, Head | None] = {}
+        self._seen: dict[bytes, tuple[Head | None, Version | None]] = {}
         self.skipped: Counter[str] = Counter()
 
-    def head(self, event: Event) -> Head | None:
+    def _check(self, event: Event) -> tuple[Head | None, Version | None]:
         key = msgspec.json.encode(event)
         if key in self._seen:
             return self._seen[key]
         ident = self._ident
+        head: Head | None = None
+        version: Version | None = None
         try:
-            body = validate_and_decrypt(event, ident.agent, ident.owner, ident.conversation_key)
+            if event.kind == 30174:
+                body, obj = open_engram(event, ident.agent, ident.owner, ident.conversation_key)
+                head, version = Head(event, body), head_version(event, body, obj)
+            else:
+                version = validate_version(event, ident.agent, ident.owner, ident.conversation_key)
         except InvalidEngramError as exc:
             self.skipped[SKIP_REASONS.get(exc.rule, "invalid")] += 1
-            result = None
-        else:
-            result = Head(event, body)
-        self._seen[key] = result
-        return result
+        self._seen[key] = (head, version)
+        return head, version
+
+    def head(self, event: Event) -> Head | None:
+        return self._check(event)[0] if event.kind == 30174 else None
+
+    def version(self, event: Event) -> Version | None:
+        """Any event of the memory as a version (a head as its version), or None."""
+        return self._check(event)[1]
 
     def heads(self, events: Iterable[Event]) -> dict[str, Head]:
-        """slug -> head among `events` (spec: *Head selection*), older versions of a slug
-        never decrypted once a newer valid one is found (`engram.first_valid_heads`)."""
-        return first_valid_heads(events, self.head)
+        """slug -> head among the kind-30174 `events` (spec: *Head selection*), older
+        versions of a slug never decrypted once a newer valid one is found."""
+        return first_valid_heads((e for e in events if e.kind == 30174), self.head)
+
+    def versions(self, events: Iterable[Event]) -> list[Version]:
+        """Every valid version among `events` (heads included, as versions)."""
+        return [v for e in events if (v := self.version(e)) is not None]
+
+
+def as_version(checker: HeadChecker, head: Head) -> Version:
+    """A head chosen by the head rule, as its version."""
+    version = checker.version(head.event)
+    assert version is not None  # a Head was valid, so its version is
+    return version
 
 
 def behind(views: dict[str, dict[str, Head]], merged: dict[str, Head]) -> dict[str, int]:

@@ -1,6 +1,7 @@
 """Replication of one agent's memory across a relay set: learning what each relay holds
 (REQ paging, or NIP-77 negentropy against what was read) and giving each relay the
-heads it lacks, exactly as signed. Used by `AgentMemory.sync`, `migrate` and `import_`."""
+heads and versions it lacks, exactly as signed. Used by `AgentMemory.sync`, `migrate` and
+`import_`."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from cli.paging import Fetched, fetch_all
 from cli.peer import Peer, Unsupported
 from cli.reconcile import reconcile_items
 from cli.relayset import RelaySession
-from engram import Head
 from engram.negentropy import Items
+from engram.nip01 import Event
 
 NEG_OPEN_TIMEOUT = 20.0  # seconds for a relay's first negentropy answer, then REQ paging
 
@@ -66,13 +67,13 @@ async def reconciled(
 
 async def spread(
     session: RelaySession,
-    heads: dict[str, Head],
+    wanted: dict[str, Event],
     held: dict[str, set[str]],
     urls: Sequence[str],
 ) -> dict[str, RelaySync]:
-    """Republish each head event, exactly as signed, to each relay that lacks it."""
+    """Republish each event (id -> event: heads and versions), exactly as signed, to each
+    relay that lacks it."""
     out: dict[str, RelaySync] = {}
-    wanted = {h.event.id: h.event for h in heads.values()}
     missing = {u: [e for i, e in wanted.items() if i not in held.get(u, set())] for u in urls}
     answers = await session.on_each(
         lambda c: c.try_publish_many(missing[c.url]), urls=[u for u in urls if missing[u]]

@@ -7,8 +7,10 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import msgspec
+
 from cli.memory.search import Match
-from engram import ListingEntry
+from engram.chain import Finding
 
 SKIP_REASONS = {
     1: "bad envelope",
@@ -81,9 +83,35 @@ class SetReport:
         }
 
 
+class LiveEntry(msgspec.Struct, frozen=True):
+    """One memory as it reads now (`ls`, `--json` members): the live version's id (a
+    revision, an owner verdict, or a plain NIP-AE head), who wrote it (`role` agent or
+    owner, `author` the key), its trust and source, its validity window and whether
+    that has `ended`, and its value's sha256."""
+
+    slug: str
+    event_id: str
+    created_at: int
+    trust: str | None
+    role: str
+    author: str
+    source: str | None
+    valid_from: int | None
+    valid_until: int | None
+    ended: bool
+    sha256: str
+
+
+class LiveView(LiveEntry, frozen=True):
+    """A `LiveEntry` with its value: what `AgentMemory.live` returns (for recall)."""
+
+    value: str = ""
+
+
 @dataclass(frozen=True)
 class Entry:
-    """A live memory (or core's profile): its text and the event that holds it."""
+    """A memory (or core's profile) as read: its text, the version that holds it (its
+    id, who wrote it, trust, source, validity) and what the relays said."""
 
     slug: str
     value: str
@@ -91,6 +119,30 @@ class Entry:
     created_at: int
     sha256: str
     report: SetReport
+    trust: str | None = None
+    role: str = "agent"
+    author: str = ""
+    source: str | None = None
+    valid_from: int | None = None
+    valid_until: int | None = None
+    ended: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        """`get --json`: the value and the members `log --json` gives each version."""
+        return {
+            "slug": self.slug,
+            "value": self.value,
+            "id": self.event_id,
+            "created_at": self.created_at,
+            "author": self.author,
+            "role": self.role,
+            "trust": self.trust,
+            "source": self.source,
+            "valid_from": self.valid_from,
+            "valid_until": self.valid_until,
+            "ended": self.ended,
+            "value_sha256": self.sha256,
+        }
 
 
 @dataclass(frozen=True)
@@ -108,6 +160,9 @@ class WriteResult:
     report: SetReport
     value: str | None = None
     similar: tuple[Similar, ...] = ()  # write-time hints (`set`): close existing memories
+    role: str = "agent"
+    trust: str | None = None
+    head_id: str | None = None  # the agent's NIP-AE head written with the version
 
 
 @dataclass(frozen=True)
@@ -123,10 +178,91 @@ class Similar:
 
 @dataclass(frozen=True)
 class Listing:
-    """Live memories (core and tombstones omitted), sorted by slug."""
+    """Live memories (core, removed, denied and forgotten ones omitted), sorted by slug."""
 
-    entries: list[ListingEntry]
+    entries: list[LiveEntry]
     report: SetReport
+
+
+@dataclass(frozen=True)
+class LiveSet:
+    """Every live memory with its value, core included (slug "core"): the read `ls`,
+    `search` and recall share."""
+
+    views: dict[str, LiveView]
+    report: SetReport
+
+
+class VersionInfo(msgspec.Struct, frozen=True):
+    """One version in `log` (`--json` members). `state`: `value`, `removed` (a
+    tombstone), `denied` (an owner's denial), `forgotten` (a forget), or `withheld` (a
+    value the owner denied: listed, never shown). `plain`: a NIP-AE head written without
+    the extension."""
+
+    id: str
+    created_at: int
+    author: str
+    role: str
+    trust: str | None
+    source: str | None
+    valid_from: int | None
+    valid_until: int | None
+    value_sha256: str | None
+    prev: str | None
+    state: str
+    reason: str | None
+    plain: bool
+
+
+@dataclass(frozen=True)
+class Log:
+    """A slug's versions, newest first (forgotten ones never listed)."""
+
+    slug: str
+    versions: list[VersionInfo]
+    report: SetReport
+
+
+@dataclass(frozen=True)
+class Diff:
+    """A unified diff from version `old` to version `new` (empty when equal)."""
+
+    slug: str
+    old: VersionInfo
+    new: VersionInfo
+    text: str
+    report: SetReport
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """`engram mem audit`: every finding (engram.chain.Finding) across the set."""
+
+    findings: list[Finding]
+    slugs: int
+    versions: int
+    report: SetReport
+
+    @property
+    def clean(self) -> bool:
+        return not self.findings
+
+
+@dataclass(frozen=True)
+class ForgetReport:
+    """`engram mem forget`: the forget written, the NIP-09 request sent, and relay ->
+    the version ids it still serves afterwards (`ok` when none does)."""
+
+    slug: str
+    forget: WriteResult
+    deletion_id: str
+    deleted: int
+    still_serving: dict[str, list[str]]
+    report: SetReport
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.still_serving.values())
 
 
 @dataclass(frozen=True)
@@ -138,6 +274,8 @@ class Refs:
     orphans: list[str]
     dangling: list[tuple[str, str]]
     report: SetReport
+    trust: dict[str, str | None] = field(default_factory=dict)  # live slug -> its trust
+    ended: list[str] = field(default_factory=list)  # live slugs whose validity has ended
 
 
 class Matches(list[Match]):
@@ -212,3 +350,6 @@ class CoreRead:
     status: Literal["profile", "absent", "unknown"]
     profile: str | None = None
     reason: str = ""
+    trust: str | None = None
+    role: str = "agent"
+    ended: bool = False

@@ -11,13 +11,13 @@ thread while the event loop goes on; past its time it is a BadInputError.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import regex
 
 from cli.errors import BadInputError
-from engram import Head, Tombstone, body_text
 
 SNIPPET = 80  # characters of context shown around a match
 MATCH_SECONDS = 2.0  # for matching one query against every memory
@@ -25,13 +25,30 @@ MATCH_SECONDS = 2.0  # for matching one query against every memory
 
 @dataclass(frozen=True)
 class Match:
-    """One search hit: a one-line snippet around the match; higher `score` ranks first."""
+    """One search hit: a one-line snippet around the match; higher `score` ranks first;
+    the version's trust and validity, as `ls` shows them."""
 
     slug: str
     snippet: str
     created_at: int
     event_id: str
     score: int
+    trust: str | None = None
+    role: str = "agent"
+    valid_until: int | None = None
+    ended: bool = False
+
+
+class Searchable(Protocol):
+    """A live memory as `AgentMemory.live` gives it (cli.memory.results.LiveView)."""
+
+    value: str
+    created_at: int
+    event_id: str
+    trust: str | None
+    role: str
+    valid_until: int | None
+    ended: bool
 
 
 def _one_line(text: str) -> str:
@@ -55,13 +72,13 @@ def compile_query(query: str, is_regex: bool) -> regex.Pattern[str]:
         raise BadInputError(f"invalid regular expression: {exc}") from exc
 
 
-def search_heads(
-    heads: dict[str, Head],
+def search_views(
+    views: Mapping[str, Searchable],
     pattern: regex.Pattern[str],
     limit: int,
     seconds: float = MATCH_SECONDS,
 ) -> list[Match]:
-    """Live heads (core included) whose slug or text matches, best first.
+    """Live memories (core included) whose slug or text matches, best first.
 
     Score: a match in the slug counts 10, each match in the text 1 (up to 10); ties go
     to the newer entry, then the slug. Matching stops after `seconds` (BadInputError).
@@ -72,7 +89,7 @@ def search_heads(
         return max(end - time.monotonic(), 0.001)
 
     try:
-        return _search(heads, pattern, limit, left)
+        return _search(views, pattern, limit, left)
     except TimeoutError as exc:
         raise BadInputError(
             f"the regular expression did not finish matching within {seconds:g} s "
@@ -81,13 +98,14 @@ def search_heads(
 
 
 def _search(
-    heads: dict[str, Head], pattern: regex.Pattern[str], limit: int, left: Callable[[], float]
+    views: Mapping[str, Searchable],
+    pattern: regex.Pattern[str],
+    limit: int,
+    left: Callable[[], float],
 ) -> list[Match]:
     found: list[Match] = []
-    for slug, head in heads.items():
-        if isinstance(head.body, Tombstone):
-            continue
-        text = body_text(head.body) or ""
+    for slug, view in views.items():
+        text = view.value
         in_slug = pattern.search(slug, timeout=left(), concurrent=True) is not None
         hits = []
         for hit in pattern.finditer(text, timeout=left(), concurrent=True):
@@ -101,6 +119,18 @@ def _search(
             shown = snippet(text, hits[0].start(), hits[0].end())
         else:
             shown = _one_line(text[:SNIPPET]) + ("…" if len(text) > SNIPPET else "")
-        found.append(Match(slug, shown, head.event.created_at, head.event.id, score))
+        found.append(
+            Match(
+                slug,
+                shown,
+                view.created_at,
+                view.event_id,
+                score,
+                view.trust,
+                view.role,
+                view.valid_until,
+                view.ended,
+            )
+        )
     found.sort(key=lambda m: (-m.score, -m.created_at, m.slug))
     return found[:limit]

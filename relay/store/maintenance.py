@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engram import KIND_REVISION, KIND_VERDICT
+
 if TYPE_CHECKING:
     import asyncpg
 
@@ -57,7 +59,9 @@ class Selection:
 
     `kinds` set: exactly those kinds (replaceable or not: naming a kind is explicit).
     `kinds` None: every regular kind; replaceable (0, 3, 10000-19999) and addressable
-    (30000-39999, engrams 30174 among them) heads only with `include_replaceable`.
+    (30000-39999, engrams 30174 among them) heads only with `include_replaceable`, and
+    so is agent memory's history (revisions 4174, owner verdicts 4175: regular events
+    that are memory, kept like its heads).
     """
 
     kinds: tuple[int, ...] | None = None
@@ -69,7 +73,7 @@ class Selection:
             return " AND kind = ANY($3::int4[])", [list(self.kinds)]
         if not self.include_replaceable:
             # `d` is NULL exactly for regular events (CHECK events_d_iff_replaceable).
-            return " AND d IS NULL", []
+            return f" AND d IS NULL AND kind NOT IN ({KIND_REVISION}, {KIND_VERDICT})", []
         return "", []
 
     def describe(self) -> str:
@@ -77,7 +81,7 @@ class Selection:
             return "kind " + ", ".join(map(str, self.kinds))
         if self.include_replaceable:
             return "all kinds"
-        return "regular kinds (replaceable and addressable heads kept)"
+        return "regular kinds (replaceable and addressable heads, and memory history, kept)"
 
 
 async def list_tenants(conn: asyncpg.Connection) -> list[str]:

@@ -18,7 +18,7 @@ import msgspec
 from engram.nip01 import Event, is_hex
 from engram.nip62 import KIND_GIFT_WRAP, KIND_VANISH
 from engram.readers import recipient
-from relay.config import DEFAULT_PRIVATE, KIND_ENGRAM
+from relay.config import DEFAULT_PRIVATE, KIND_ENGRAM, MEMORY_KINDS
 from relay.filters import Filter
 from relay.validate import expiration_of, is_addressable, is_ephemeral, is_replaceable
 
@@ -310,8 +310,8 @@ def encode_row(event: Event, raw: bytes, search_kinds: frozenset[int] | None = N
         # ingest already refuses these (validate_engram_envelope); the read side relies on it
         raise RowError("invalid: agent-engram event must carry exactly one d tag")
     content = event.content
-    if kind == KIND_ENGRAM or (search_kinds is not None and kind not in search_kinds):
-        content = ""  # never searched: `raw` keeps the event
+    if kind in MEMORY_KINDS or (search_kinds is not None and kind not in search_kinds):
+        content = ""  # never searched (engram ciphertext): `raw` keeps the event
     elif "\x00" in content:  # Postgres text cannot hold NUL; `raw` keeps the exact event
         content = content.replace("\x00", "")
     return (

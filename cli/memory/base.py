@@ -1,0 +1,464 @@
+"""What every `AgentMemory` operation shares: the relay session, the filters of one memory,
+reading it (one slug or all of it) into versions, and publishing a new version.
+
+Reading never decides what is live: it collects valid versions (heads, revisions, owner
+verdicts) and `engram.live` decides. Publishing follows NIP-AE *Writing* (a monotonic
+created_at, verify-after-write: a lost race is a conflict, never a silent retry) for the
+version events of `engram.versions`: an agent writes a revision and its head, the owner
+one verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from cli.errors import (
+    AuthError,
+    BadInputError,
+    ConflictError,
+    NotFoundError,
+    RefusedError,
+    RelayError,
+)
+from cli.identity import Identity
+from cli.memory.heads import HeadChecker, as_version, behind
+from cli.memory.replication import reconciled
+from cli.memory.results import SetReport, WriteResult, sha256_hex
+from cli.paging import Fetched, fetch_all
+from cli.relayset import RelaySession, parse_relays
+from engram import (
+    CORE_SLUG,
+    FUTURE_SKEW_MAX,
+    KIND_ENGRAM,
+    KIND_REVISION,
+    KIND_VERDICT,
+    Body,
+    ClockConflictError,
+    Core,
+    EngramError,
+    Head,
+    Memory,
+    Tombstone,
+    d_tag,
+    merge_heads,
+    normalize_slug,
+)
+from engram.chain import Holdings
+from engram.live import Live, chain_link, check_write, live_view, next_created_at, visible
+from engram.nip01 import Event
+from engram.versions import AGENT, OWNER, Meta, Version, build_head, build_version
+
+if TYPE_CHECKING:  # numpy and the model load only when recall is used
+    from cli.memory.recall import Recall
+
+DEFAULT_TIMEOUT = 10.0
+
+
+@dataclass
+class MemoryRead:
+    """A memory (or one slug of it) as read from a relay set.
+
+    versions: slug -> the valid versions read. A current read holds each slug's head
+    (the newest across the set) and every owner verdict; a history read every head,
+    revision and verdict. `holdings` (history reads): slug -> relay -> what it serves.
+    """
+
+    versions: dict[str, list[Version]]
+    heads: dict[str, Head]
+    candidates: int
+    report: SetReport
+    holdings: dict[str, dict[str, Holdings]] = field(default_factory=dict)
+    fetched: dict[str, Fetched] = field(default_factory=dict)
+    methods: dict[str, str] = field(default_factory=dict)  # relay -> "negentropy" | "req"
+
+    def live(self, slug: str, as_of: int | None = None) -> Live:
+        return live_view(slug, self.versions.get(slug, []), as_of)
+
+    def lives(self) -> dict[str, Live]:
+        return {slug: self.live(slug) for slug in sorted(self.versions)}
+
+    def spreadable(self) -> dict[str, dict[str, Event]]:
+        """slug -> id -> event of every version any reader may still see, and the slug's
+        newest head when it holds one of them: what sync, migrate and export carry
+        (never a forgotten version)."""
+        out: dict[str, dict[str, Event]] = {}
+        for slug, versions in self.versions.items():
+            ids = {v.id for v in visible(versions)}
+            head = self.heads.get(slug)
+            mine = out.setdefault(slug, {})
+            for v in versions:
+                if v.id in ids and (
+                    not v.head or (head is not None and v.event.id == head.event.id)
+                ):
+                    mine[v.event.id] = v.event
+        return out
+
+
+def merge_fetched(a: Fetched, b: Fetched) -> Fetched:
+    """One relay's answers to two filters, as one."""
+    return Fetched(
+        {**a.events, **b.events},
+        a.pages + b.pages,
+        [*a.stuck_at, *b.stuck_at],
+        a.ignores_until or b.ignores_until,
+        a.cut_off or b.cut_off,
+    )
+
+
+class MemoryBase:
+    """One agent's memory for one owner, on a relay set: the shared plumbing.
+
+    `identity` says whose memory and which key is held (`identity.as_owner`: the owner's
+    key, which reads everything and writes owner verdicts only). Every method bounds its
+    whole exchange with `timeout` seconds.
+    """
+
+    def __init__(
+        self,
+        identity: Identity,
+        relays: str | Sequence[str],
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        recall_dir: Path | None = None,
+    ) -> None:
+        self.identity = identity
+        self.relays = parse_relays(relays)
+        self.timeout = timeout
+        self.recall_dir = recall_dir  # None: the user's data dir (`cli.memory.recall.cache`)
+        self._recall: Recall | None = None
+
+    @property
+    def role(self) -> str:
+        """`agent` (the agent's key) or `owner` (the owner's key, `--agent`)."""
+        return OWNER if self.identity.as_owner else AGENT
+
+    @property
+    def read_only(self) -> bool:
+        """Kept for callers of earlier versions: no session is read-only any more (the
+        owner writes verdicts); use `role`."""
+        return False
+
+    @staticmethod
+    def slug(raw: str) -> str:
+        """`notes/x` -> `mem/notes/x`; `core` stays; anything invalid is BadInputError."""
+        try:
+            return normalize_slug(raw)
+        except EngramError as exc:
+            raise BadInputError(str(exc)) from exc
+
+    @staticmethod
+    def now() -> int:
+        return int(time.time())
+
+    # -- filters --
+
+    def _filters(self, d: str | None = None, *, history: bool = False) -> list[dict[str, Any]]:
+        """The agent's heads (and revisions, for history) and the owner's verdicts."""
+        ident = self.identity
+        by_d = {"#d": [d]} if d is not None else {}
+        kinds = [KIND_ENGRAM, KIND_REVISION] if history else [KIND_ENGRAM]
+        return [
+            {"kinds": kinds, "authors": [ident.agent], "#p": [ident.owner], **by_d},
+            {"kinds": [KIND_VERDICT], "authors": [ident.owner], "#p": [ident.agent], **by_d},
+        ]
+
+    async def _session(self, urls: Sequence[str] | None = None) -> RelaySession:
+        session = RelaySession(urls or self.relays, self.identity.seckey, self.timeout)
+        await session.connect()
+        session.raise_if_none(session.live)
+        return session
+
+    def _report(
+        self,
+        session: RelaySession,
+        checker: HeadChecker,
+        answered: Iterable[str],
+        behind: dict[str, int] | None = None,
+        incomplete: dict[str, str] | None = None,
+    ) -> SetReport:
+        answered = set(answered)
+        return SetReport(
+            relays=tuple(session.urls),
+            answered=tuple(u for u in session.urls if u in answered),
+            failed=session.reasons(),
+            behind=behind or {},
+            incomplete=incomplete or {},
+            skipped=dict(checker.skipped),
+        )
+
+    # -- reads --
+
+    def _collect(
+        self,
+        checker: HeadChecker,
+        events_by_relay: dict[str, Iterable[Event]],
+        history: bool,
+    ) -> tuple[dict[str, list[Version]], dict[str, Head], dict[str, dict[str, Head]], Any]:
+        """Versions per slug, merged heads, per-relay heads and (history) holdings."""
+        per_relay = {url: list(events) for url, events in events_by_relay.items()}
+        views = {url: checker.heads(events) for url, events in per_relay.items()}
+        merged = merge_heads(views.values())
+        versions: dict[str, dict[str, Version]] = {}
+        holdings: dict[str, dict[str, Holdings]] = {}
+        for url, events in per_relay.items():
+            for event in events:
+                if not history and event.kind != KIND_VERDICT:
+                    continue  # current reads: heads come from the head rule below
+                v = checker.version(event)
+                if v is None:
+                    continue
+                versions.setdefault(v.slug, {})[event.id] = v
+                if history:
+                    held = holdings.setdefault(v.slug, {}).setdefault(url, Holdings([], []))
+                    (held.heads if v.head else held.versions).append(v)
+        for slug, head in merged.items():
+            versions.setdefault(slug, {})[head.event.id] = as_version(checker, head)
+        if history:  # a relay that answered holds nothing of a slug: say so for the audit
+            for slug in versions:
+                for url in per_relay:
+                    holdings.setdefault(slug, {}).setdefault(url, Holdings([], []))
+        out = {slug: list(vs.values()) for slug, vs in versions.items()}
+        return out, merged, views, holdings
+
+    async def _read_slug(
+        self, session: RelaySession, checker: HeadChecker, slug: str, *, history: bool = False
+    ) -> MemoryRead:
+        """One slug from every relay: its head and the owner's verdicts (`history`: every
+        head, revision and verdict too)."""
+        d = d_tag(self.identity.conversation_key, slug)
+        filters = self._filters(d, history=history)
+        answers = await session.on_each(lambda c: c.query(filters))
+        session.raise_if_none(answers)
+        mine = {
+            url: [e for e in events if any(t[:2] == ["d", d] for t in e.tags)]
+            for url, events in answers.items()
+        }
+        candidates = len({msgspec.json.encode(e) for events in mine.values() for e in events})
+        versions, merged, views, holdings = self._collect(checker, mine, history)
+        versions = {s: v for s, v in versions.items() if s == slug}
+        merged = {s: h for s, h in merged.items() if s == slug}
+        views = {u: {s: h for s, h in v.items() if s == slug} for u, v in views.items()}
+        report = self._report(session, checker, answers, behind(views, merged))
+        return MemoryRead(versions, merged, candidates, report, holdings)
+
+    async def _read_all(
+        self,
+        session: RelaySession,
+        checker: HeadChecker,
+        *,
+        history: bool = False,
+        negentropy: bool = False,
+    ) -> MemoryRead:
+        """The whole memory from every relay, paged past each one's max_limit (or, with
+        `negentropy`, reconciled where a relay serves NIP-77)."""
+        limits = await session.max_limits()
+        methods: dict[str, str] = {}
+        fetched: dict[str, Fetched] = {}
+        for query in self._filters(history=history or negentropy):
+            if negentropy:
+                got = await reconciled(
+                    session, self.identity.seckey, query, limits, methods, self.timeout
+                )
+            else:
+                got = await session.on_each(lambda c, q=query: fetch_all(c, q, limits.get(c.url)))
+            session.raise_if_none(got)
+            for url, f in got.items():
+                fetched[url] = merge_fetched(fetched[url], f) if url in fetched else f
+        fetched = {u: f for u, f in fetched.items() if u in session.live}
+        session.raise_if_none(fetched)
+        events = {url: f.events.values() for url, f in fetched.items()}
+        versions, merged, views, holdings = self._collect(checker, events, history or negentropy)
+        incomplete: dict[str, str] = {}
+        for url, f in fetched.items():
+            if methods.get(url) == "negentropy":
+                continue  # the reconciliation is exact
+            why = f.why_incomplete(limits.get(url) is not None)
+            if why is not None and limits.get(url) is None and f.complete:
+                note = getattr(session, "nip11_notes", {}).get(url, "no max_limit known")
+                why = f"{note}; paged until nothing new came back (may be partial)"
+            if why is not None:
+                incomplete[url] = why
+        report = self._report(session, checker, fetched, behind(views, merged), incomplete)
+        return MemoryRead(versions, merged, len(merged), report, holdings, fetched, methods)
+
+    async def _everything(self, *, history: bool = False) -> MemoryRead:
+        session = await self._session()
+        try:
+            return await self._read_all(session, HeadChecker(self.identity), history=history)
+        finally:
+            await session.close()
+
+    async def _slug_read(self, slug: str, *, history: bool = False) -> MemoryRead:
+        session = await self._session()
+        try:
+            return await self._read_slug(session, HeadChecker(self.identity), slug, history=history)
+        finally:
+            await session.close()
+
+    @staticmethod
+    def _not_found(read: MemoryRead, slug: str, live: Live) -> NotFoundError:
+        rejected = read.report.skipped_total
+        note = f" ({rejected} invalid event(s) ignored)" if rejected else ""
+        why = {
+            "removed": " (removed)",
+            "denied": " (denied by the owner)",
+            "forgotten": " (forgotten)",
+        }.get(live.state, "")
+        return NotFoundError(f"not found: {slug}{why}{note}")
+
+    # -- writes --
+
+    def _allowed(self, read: MemoryRead, slug: str, text: str | None, force: bool) -> None:
+        """RefusedError when the memory's rules refuse this write (engram.live.check_write)."""
+        refusal = check_write(read.versions.get(slug, []), self.role, text, force=force)
+        if refusal is not None:
+            raise RefusedError(
+                refusal.message(slug), refusal.version.id, refusal.reason, refusal.overridable
+            )
+
+    async def _publish(
+        self,
+        session: RelaySession,
+        checker: HeadChecker,
+        base: MemoryRead,
+        slug: str,
+        text: str | None,
+        meta: Meta,
+        *,
+        link: bool = True,
+    ) -> WriteResult:
+        """Publish a new version of `slug` on every relay, then re-read the slug on every
+        relay that accepted: it must read as this version (spec *Writing*: a lost race
+        is a conflict, never a silent retry). `link`: name the chain's tip as `prev` (a
+        forget starts a new history and does not)."""
+        versions = base.versions.get(slug, [])
+        try:
+            created_at = next_created_at(versions, self.now(), FUTURE_SKEW_MAX + 1)
+        except ClockConflictError as exc:
+            raise ConflictError(f"{slug}: {exc} (clock-poisoned head)") from None
+        if link:
+            prev, prev_sha = chain_link(versions)
+            meta = msgspec.structs.replace(meta, prev=prev, prev_sha256=prev_sha)
+        ident, role = self.identity, self.role
+        try:
+            version = build_version(
+                ident.seckey, ident.peer, role, slug, text, meta, created_at,
+                os.urandom(32), os.urandom(32),
+            )  # fmt: skip
+            events = [version]
+            if role == AGENT:
+                head_meta = msgspec.structs.replace(meta, rev=version.id)
+                head = build_head(
+                    ident.seckey, ident.owner, slug, text, head_meta, created_at,
+                    os.urandom(32), os.urandom(32),
+                )  # fmt: skip
+                events.append(head)
+        except EngramError as exc:
+            raise BadInputError(str(exc)) from exc
+        accepted, refused = await self._send(session, slug, events)
+        good = await self._verify(session, checker, slug, version.id, accepted, refused)
+        if self._recall is not None and role == AGENT:
+            body: Body = (
+                Core(text or "") if slug == CORE_SLUG
+                else Memory(slug, text) if text is not None else Tombstone(slug)
+            )  # fmt: skip
+            self._recall.written(body, events[-1].id, created_at)
+        return WriteResult(
+            slug,
+            version.id,
+            created_at,
+            sha256_hex(text) if text is not None else None,
+            good,
+            {u: r for u, r in refused.items() if u not in good},
+            self._report(session, checker, good),
+            role=role,
+            trust=meta.trust,
+            head_id=events[1].id if len(events) > 1 else None,
+        )
+
+    async def _send(
+        self, session: RelaySession, slug: str, events: list[Event]
+    ) -> tuple[list[str], dict[str, str]]:
+        """Every event to every relay; (relays that took them all, relay -> why not)."""
+        before = set(session.failed)
+        answers = await session.on_each(lambda c: c.try_publish_many(events))
+        # sent, then no OK before the deadline: such a relay may well hold the events
+        unsure = [u for u in session.failed if u not in before]
+        said_no: dict[str, str] = {}
+        accepted: list[str] = []
+        lost: list[str] = []
+        for url, result in answers.items():
+            nos = [result[e.id][1] or "no reason given" for e in events if not result[e.id][0]]
+            if nos:
+                said_no[url] = nos[0]
+            elif any(
+                e.kind == KIND_ENGRAM and result[e.id][1].startswith("duplicate:") for e in events
+            ):
+                lost.append(url)  # a newer head is already there
+            else:
+                accepted.append(url)
+        refused = {u: f"refused the event: {m}" for u, m in said_no.items()}
+        refused.update(session.reasons())
+        for url in unsure:
+            refused[url] = f"{refused[url]} after the event was sent: it MAY have been written"
+        if lost:
+            raise self._lost(slug, lost)
+        if not accepted and unsure:
+            names = ", ".join(unsure)
+            raise RelayError(
+                f"{slug}: no answer from {names} after the event was sent: the memory MAY "
+                "have been written; read it back before writing again"
+            )
+        if not accepted:
+            if len(session.urls) == 1 and said_no:
+                message = next(iter(said_no.values()))
+                gated = message.startswith(("auth-required:", "restricted:"))
+                raise (AuthError if gated else RelayError)(f"relay refused the event: {message}")
+            if len(session.urls) == 1:
+                session.raise_if_none([])  # the one relay failed: its own error
+            detail = "; ".join(f"{u}: {r}" for u, r in refused.items())
+            gated = all(m.startswith(("auth-required:", "restricted:")) for m in said_no.values())
+            cls = AuthError if said_no and gated and len(said_no) == len(refused) else RelayError
+            raise cls(f"no relay accepted the event ({detail})")
+        return accepted, refused
+
+    def _lost(self, slug: str, relays: list[str]) -> ConflictError:
+        if len(self.relays) > 1:
+            where = ", ".join(relays)
+            return ConflictError(
+                f"{slug}: another write replaced this one on {where} (concurrent write)"
+            )
+        return ConflictError(f"{slug}: another write replaced this one (concurrent write)")
+
+    async def _verify(
+        self,
+        session: RelaySession,
+        checker: HeadChecker,
+        slug: str,
+        version_id: str,
+        accepted: list[str],
+        refused: dict[str, str],
+    ) -> tuple[str, ...]:
+        """Re-read `slug` on each relay that accepted: it must read as the new version."""
+        filters = self._filters(d_tag(self.identity.conversation_key, slug))
+        reread = await session.on_each(lambda c: c.query(filters), urls=accepted)
+        lost: list[str] = []
+        for url in accepted:
+            if url not in reread:
+                if url in session.failed:
+                    refused[url] = f"accepted, but the re-read failed: {session.reasons()[url]}"
+                continue
+            versions, *_ = self._collect(checker, {url: reread[url]}, False)
+            view = live_view(slug, versions.get(slug, []))
+            if view.version is None or view.version.id != version_id:
+                lost.append(url)
+        if lost:
+            raise self._lost(slug, lost)
+        return tuple(u for u in accepted if u in reread)
