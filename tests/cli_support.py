@@ -284,8 +284,9 @@ def corrupt_core(keys: Keys) -> Event:
 def shared_local_relay(tmp_dir: str) -> Any:
     """Generator for a module-scoped fixture: nostr-sdk's LocalRelay (Rust, in memory, an
     implementation nobody here wrote) in its own process, rate limit lifted."""
-    from bench.peers import _LOCAL_RELAY_SCRIPT, Running, _spawn, _ws_handshake_ok, wait_ready
     from relay_fixtures import free_port
+
+    from bench.peers import _LOCAL_RELAY_SCRIPT, Running, _spawn, _ws_handshake_ok, wait_ready
 
     workdir = Path(tmp_dir)
     script = workdir / "local_relay.py"
@@ -302,3 +303,32 @@ def shared_local_relay(tmp_dir: str) -> Any:
         yield run.url
     finally:
         run.stop()
+
+
+@contextlib.asynccontextmanager
+async def deletion_ignoring_proxy(upstream: str) -> AsyncIterator[str]:
+    """A relay that ignores NIP-09: a proxy to a real relay that answers every deletion
+    request (kind 5) `OK true` itself and never passes it on; everything else passes."""
+
+    async def handler(client: ServerConnection) -> None:
+        async with connect(upstream, max_size=None) as relay:
+
+            async def up() -> None:
+                async for raw in client:
+                    if _frame_id(raw, "EVENT") is not None:
+                        event = msgspec.json.decode(raw)[1]
+                        if event.get("kind") == 5:
+                            await client.send(
+                                msgspec.json.encode(["OK", event["id"], True, ""]).decode()
+                            )
+                            continue
+                    await relay.send(raw)
+
+            async def down() -> None:
+                async for raw in relay:
+                    await client.send(raw)
+
+            await both_ways(up(), down())
+
+    async with fake_relay(handler) as url:
+        yield url

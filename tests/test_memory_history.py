@@ -8,18 +8,31 @@ agent/owner pair, so memories never mix.
 
 from __future__ import annotations
 
-import asyncio
+import hashlib
 import json
+import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cli_support import Keys, engram, shared_local_relay, shared_relay
+from cli_support import (
+    Keys,
+    deletion_ignoring_proxy,
+    engram,
+    engram_async,
+    shared_local_relay,
+    shared_relay,
+)
 from relay_fixtures import RelayProcess
 
 from cli.client import connect_relay
+from cli.errors import BadInputError
 from cli.identity import load_identity
 from cli.memory.api import AgentMemory
+from engram import Memory, build_event, d_tag
+from engram.nip01 import Event, sign_event
+from engram.versions import AGENT, Meta, build_version
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +63,30 @@ def mem(keys: Keys, relays: list[str], *args: str, owner: bool = False) -> Any:
     else:
         env = keys.agent_env(",".join(relays))
     return engram("mem", *args, "--timeout", "120", env=env)
+
+
+async def amem(keys: Keys, relays: list[str], *args: str, owner: bool = False) -> Any:
+    """`mem` without blocking the event loop (a proxy of the test serves meanwhile)."""
+    if owner:
+        env = keys.owner_env(",".join(relays))
+        args = (*args, "--agent", keys.agent)
+    else:
+        env = keys.agent_env(",".join(relays))
+    return await engram_async("mem", *args, "--timeout", "120", env=env)
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+async def put(url: str, events: list[Event], seckey: bytes) -> None:
+    """Publish straight to one relay, not through the set."""
+    client = await connect_relay(url, seckey)
+    try:
+        results = await client.try_publish_many(events)
+    finally:
+        await client.close()
+    assert all(accepted for accepted, _ in results.values()), results
 
 
 def ok(result: Any) -> str:
@@ -97,3 +134,160 @@ def test_five_versions_log_as_of_diff_revert_audit(keys: Keys, relays: list[str]
     audit = mem(keys, relays, "audit", "--json")
     report = json.loads(ok(audit))
     assert report["clean"] and report["findings"] == [] and report["versions"] == 6, report
+
+
+async def test_audit_finds_missing_fork_and_out_of_chain(
+    keys: Keys, relays: list[str], ours: RelayProcess
+) -> None:
+    m = api(keys, relays)
+    # a plain NIP-AE head before the first version: where history starts (clean)
+    now = int(time.time())
+    plain_first = build_event(
+        keys.agent_sk, keys.owner, Memory("mem/a/before", "plain"), now - 100,
+        os.urandom(32), os.urandom(32),
+    )  # fmt: skip
+    for url in relays:
+        await put(url, [plain_first], keys.agent_sk)
+    await m.set("a/before", "versioned")
+    clean = await amem(keys, relays, "audit", "a/before")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    # missing: a version deleted from our relay only (NIP-09 by its author)
+    one = await m.set("a/missing", "one")
+    await m.set("a/missing", "two")
+    deletion = sign_event(
+        keys.agent_sk, int(time.time()), 5, [["e", one.event_id], ["k", "4174"]], "",
+        os.urandom(32),
+    )  # fmt: skip
+    await put(ours.url, [deletion], keys.agent_sk)
+    # fork: two writers from one base
+    base = await m.set("a/fork", "base")
+    for i, text in enumerate(("left", "right")):
+        meta = Meta(trust="guess", prev=base.event_id, prev_sha256=sha("base"))
+        fork = build_version(
+            keys.agent_sk, keys.owner, AGENT, "mem/a/fork", text, meta,
+            base.created_at + 1 + i, os.urandom(32), os.urandom(32),
+        )  # fmt: skip
+        for url in relays:
+            await put(url, [fork], keys.agent_sk)
+    # out of chain: a head rewritten by a NIP-AE-only writer over an existing history
+    versioned = await m.set("a/plain", "versioned")
+    rewrite = build_event(
+        keys.agent_sk, keys.owner, Memory("mem/a/plain", "plain rewrite"),
+        versioned.created_at + 1, os.urandom(32), os.urandom(32),
+    )  # fmt: skip
+    for url in relays:
+        await put(url, [rewrite], keys.agent_sk)
+    result = await amem(keys, relays, "audit", "--json")
+    assert result.returncode == 6, result.stderr
+    found = {
+        (f["kind"], f["slug"], f["version"], f["relay"])
+        for f in json.loads(result.stdout)["findings"]
+    }
+    assert ("missing", "mem/a/missing", one.event_id, ours.url) in found
+    assert ("fork", "mem/a/fork", base.event_id, None) in found
+    for url in relays:
+        assert ("out_of_chain", "mem/a/plain", rewrite.id, url) in found
+    assert not any(slug == "mem/a/before" for _, slug, _, _ in found)
+    plain_text = (await amem(keys, relays, "audit")).stdout.decode()
+    assert f"missing\tmem/a/missing\t{one.event_id}\t{ours.url}\t" in plain_text
+    # the newest write wins whoever wrote it; log names the plain head as such
+    assert (await m.get("a/plain")).value == "plain rewrite"
+    log = json.loads(ok(await amem(keys, relays, "log", "a/plain", "--json")))
+    assert (log[0]["id"], log[0]["plain"], log[0]["trust"]) == (rewrite.id, True, None)
+
+
+async def test_tombstones_remember_and_forget_names_a_relay_that_keeps(
+    keys: Keys, ours: RelayProcess, sdk: str
+) -> None:
+    relays = [ours.url, sdk]
+    ok(await amem(keys, relays, "set", "notes/home", "Berlin"))
+    tomb = ok(await amem(keys, relays, "rm", "notes/home", "--reason", "moved to Paris")).strip()
+    again = await amem(keys, relays, "set", "notes/home", "Berlin")
+    err = again.stderr.decode()
+    assert again.returncode == 1 and tomb in err and "moved to Paris" in err, err
+    log = json.loads(ok(await amem(keys, relays, "log", "notes/home", "--json")))
+    assert log[0]["state"] == "removed" and log[0]["reason"] == "moved to Paris"
+    assert "Berlin" not in json.dumps(log)  # a tombstone records the hash, never the value
+    patch = "--- a\n+++ b\n@@ -0,0 +1 @@\n+Berlin\n\\ No newline at end of file\n"
+    patched = await engram_async(
+        "mem", "patch", "notes/home", "-", "--no-base-hash", "--timeout", "120",
+        env=keys.agent_env(",".join(relays)), stdin=patch.encode(),
+    )  # fmt: skip
+    assert patched.returncode == 1 and tomb in patched.stderr.decode()
+    ok(await amem(keys, relays, "set", "notes/home", "Paris"))  # another value: fine
+    forced = ok(await amem(keys, relays, "set", "notes/home", "Berlin", "--force")).strip()
+    assert ok(await amem(keys, relays, "get", "notes/home")) == "Berlin"
+    # rm without --reason still records the rejected value's hash
+    bare = ok(await amem(keys, relays, "rm", "notes/home")).strip()
+    refused = await amem(keys, relays, "set", "notes/home", "Berlin")
+    assert refused.returncode == 1 and bare in refused.stderr.decode()
+    # forget: every relay is asked to delete; one that ignores NIP-09 is named (exit 2)
+    async with deletion_ignoring_proxy(sdk) as keeps:
+        relays = [ours.url, keeps]
+        forgot = await amem(keys, relays, "forget", "notes/home")
+        err = forgot.stderr.decode()
+        assert forgot.returncode == 2, err
+        assert keeps in err and ours.url not in err.split("still served by")[-1]
+        # afterwards no read path shows a forgotten value, history included
+        log = json.loads(ok(await amem(keys, relays, "log", "notes/home", "--json")))
+        assert [v["state"] for v in log] == ["forgotten"]
+        for args in (("--rev", forced), ("--as-of", str(int(time.time()) + 5))):
+            gone = await amem(keys, relays, "get", "notes/home", *args)
+            assert gone.returncode == 1 and b"Berlin" not in gone.stdout
+        assert ok(await amem(keys, relays, "ls")) == ""
+    # our relay deleted every version; the one that ignored NIP-09 still holds them
+    mine = {"authors": [keys.agent], "kinds": [4174]}
+    for url, expect_old in ((ours.url, False), (sdk, True)):
+        client = await connect_relay(url, keys.agent_sk)
+        try:
+            held = {e.id for e in await client.query(mine)}
+        finally:
+            await client.close()
+        assert (forced in held) is expect_old, url
+
+
+async def test_owner_denies_and_corrects_with_the_owner_key_alone(
+    keys: Keys, relays: list[str]
+) -> None:
+    ok(await amem(keys, relays, "set", "notes/diet", "vegan", "--trust", "stated"))
+    ok(await amem(keys, relays, "set", "notes/city", "Berlin"))
+    # an owner-only process: the owner's key, the agent named by --agent
+    denied = await amem(keys, relays, "deny", "notes/diet", "--reason", "eats fish", owner=True)
+    verdict = ok(denied).strip()
+    corrected = ok(await amem(keys, relays, "set", "notes/city", "Paris", owner=True)).strip()
+    # a fresh agent process sees both
+    gone = await amem(keys, relays, "get", "notes/diet")
+    assert gone.returncode == 1 and b"denied" in gone.stderr
+    listed = [line.split("\t") for line in ok(await amem(keys, relays, "ls")).splitlines()]
+    assert [r[0] for r in listed] == ["mem/notes/city"]
+    assert listed[0][1:2] == [corrected] and listed[0][3] == "confirmed"
+    assert ok(await amem(keys, relays, "search", "vegan")) == ""
+    city = json.loads(ok(await amem(keys, relays, "get", "notes/city", "--json")))
+    assert (city["value"], city["role"], city["author"]) == ("Paris", "owner", keys.owner)
+    assert city["trust"] == "confirmed" and city["id"] == corrected
+    # the agent cannot re-assert a denied value, even with --force
+    for extra in ((), ("--force",)):
+        refused = await amem(keys, relays, "set", "notes/diet", "vegan", *extra)
+        assert refused.returncode == 1 and verdict in refused.stderr.decode()
+    ok(await amem(keys, relays, "set", "notes/diet", "pescatarian"))  # another value is fine
+    # writing over the owner's correction needs --force
+    over = await amem(keys, relays, "set", "notes/city", "Rome")
+    assert over.returncode == 1 and corrected in over.stderr.decode()
+    ok(await amem(keys, relays, "set", "notes/city", "Rome", "--force"))
+    # the owner confirms: the agent's value, now confirmed by the owner
+    confirmed = ok(await amem(keys, relays, "confirm", "notes/city", owner=True)).strip()
+    city = json.loads(ok(await amem(keys, relays, "get", "notes/city", "--json")))
+    assert (city["value"], city["id"], city["trust"]) == ("Rome", confirmed, "confirmed")
+    log = json.loads(ok(await amem(keys, relays, "log", "notes/city", "--json")))
+    assert [(v["role"], v["trust"]) for v in log] == [
+        ("owner", "confirmed"), ("agent", "guess"), ("owner", "confirmed"), ("agent", "guess"),
+    ]  # fmt: skip
+    # the owner's log shows the denied value's hash, never the value
+    diet = json.loads(ok(await amem(keys, relays, "log", "notes/diet", "--json", owner=True)))
+    assert [v["state"] for v in diet] == ["value", "denied", "withheld"]
+    assert diet[1]["reason"] == "eats fish" and diet[2]["value_sha256"] == sha("vegan")
+    withheld = await amem(keys, relays, "get", "notes/diet", "--rev", diet[2]["id"], owner=True)
+    assert withheld.returncode == 1 and b"vegan" not in withheld.stdout
+    # the agent's key never writes a verdict
+    with pytest.raises(BadInputError, match="only the owner"):
+        await api(keys, relays).confirm("notes/city")
