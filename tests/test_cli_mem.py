@@ -165,13 +165,19 @@ def test_core_and_refs(relay: RelayProcess, keys: Keys) -> None:
     ok(engram("mem", "set", "lonely", "nobody links here", env=env))
     ok(engram("mem", "get", "core", env=env), b"I help Ada. See [[mem/a]] and [[mem/missing]].")
     rows = ok(engram("mem", "refs", env=env)).decode().splitlines()
-    assert rows[:3] == ["reachable\tmem/a", "reachable\tmem/b", "orphan\tmem/lonely"]
+    assert rows[:3] == [  # with each memory's trust and validity, as `ls` shows them
+        "reachable\tmem/a\tguess\t-",
+        "reachable\tmem/b\tguess\t-",
+        "orphan\tmem/lonely\tguess\t-",
+    ]
     assert rows[3].startswith("dangling\tmem/missing\t")
     report = json.loads(ok(engram("mem", "refs", "--json", env=env)))
     assert report == {
         "reachable": ["mem/a", "mem/b"],
         "orphans": ["mem/lonely"],
         "dangling": [{"from": "core", "to": "mem/missing"}],
+        "trust": {"mem/a": "guess", "mem/b": "guess", "mem/lonely": "guess"},
+        "ended": [],
     }
     # nothing is deleted by refs
     ok(engram("mem", "get", "lonely", env=env), b"nobody links here")
@@ -192,8 +198,10 @@ def test_owner_side_reads_with_agent_flag(relay: RelayProcess, keys: Keys) -> No
     rows = ok(engram("mem", "ls", "--agent", keys.agent, env=owner)).decode().splitlines()
     assert [r.split("\t")[0] for r in rows] == ["mem/shared"]
     ok(engram("mem", "refs", "--agent", keys.agent, env=owner))
-    # writes stay agent-only: the option does not exist on write commands
-    refused = engram("mem", "set", "shared", "x", "--agent", keys.agent, env=owner)
+    # the owner's writes are corrections (issue 39); removing stays the agent's
+    corrected = ok(engram("mem", "set", "shared", "x", "--agent", keys.agent, env=owner))
+    assert len(corrected.strip()) == 64
+    refused = engram("mem", "rm", "shared", "--agent", keys.agent, env=owner)
     assert refused.returncode == 1
     one_error_line(refused)
     # a stranger (neither author nor owner) reads nothing

@@ -46,10 +46,14 @@ def test_cli_reads_the_nip_ae_vectors(relay_url: str) -> None:
     listing = engram("mem", "ls", env=env)
     [entry] = VECTORS["expected_state_after_all_events"]["listing"]
     assert listing.returncode == 0
+    # plain NIP-AE heads: no trust recorded, no validity (issue 39's columns show "-")
     assert (
-        listing.stdout.decode() == f"{entry['slug']}\t{entry['event_id']}\t{entry['created_at']}\n"
+        listing.stdout.decode()
+        == f"{entry['slug']}\t{entry['event_id']}\t{entry['created_at']}\t-\t-\n"
     )
-    assert json.loads(engram("mem", "ls", "--json", env=env).stdout) == [entry]
+    [row] = json.loads(engram("mem", "ls", "--json", env=env).stdout)
+    assert {k: row[k] for k in entry} == entry
+    assert (row["trust"], row["role"], row["ended"]) == (None, "agent", False)
 
     refs = engram("mem", "refs", "--json", env=env)
     assert refs.returncode == 0

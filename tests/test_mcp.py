@@ -53,8 +53,10 @@ READ_TOOLS = {
     "memory_search",
     "memory_recall",
     "memory_refs",
+    "memory_log",
 }
-WRITE_TOOLS = {"memory_set", "memory_patch", "memory_delete"}
+WRITE_TOOLS = {"memory_set", "memory_patch", "memory_delete", "memory_revert"}
+OWNER_TOOLS = {"memory_set", "memory_patch", "memory_revert", "memory_confirm", "memory_deny"}
 CALL_BOUND = 120.0  # generous outer bound for one MCP call on a loaded machine
 TOKEN = secrets.token_urlsafe(24)  # the HTTP servers' bearer token (ENGRAM_MCP_TOKEN)
 
@@ -226,14 +228,22 @@ async def test_tools_and_input_schemas(relay: RelayProcess, keys: Keys, tmp_path
             assert s["type"] == "object"
             return set(s.get("properties", {})), set(s.get("required", []))
 
-        assert schema("memory_get") == ({"slug"}, {"slug"})
+        assert schema("memory_get") == ({"slug", "as_of", "rev", "valid_at"}, {"slug"})
         assert schema("memory_hash") == ({"slug"}, {"slug"})
-        assert schema("memory_set") == ({"slug", "value"}, {"slug", "value"})
-        assert schema("memory_patch") == ({"slug", "diff", "base_hash"},) * 2
-        assert schema("memory_delete") == ({"slug"}, {"slug"})
-        assert schema("memory_list") == (set(), set())
-        assert schema("memory_search") == ({"query", "limit", "regex"}, {"query"})
-        assert schema("memory_recall") == ({"query", "limit"}, {"query"})
+        assert schema("memory_set") == (
+            {"slug", "value", "trust", "source", "valid_from", "valid_until", "force"},
+            {"slug", "value"},
+        )
+        assert schema("memory_patch") == (
+            {"slug", "diff", "base_hash", "force"},
+            {"slug", "diff", "base_hash"},
+        )
+        assert schema("memory_delete") == ({"slug", "reason"}, {"slug"})
+        assert schema("memory_revert") == ({"slug", "rev", "force"}, {"slug", "rev"})
+        assert schema("memory_log") == ({"slug"}, {"slug"})
+        assert schema("memory_list") == ({"valid_now"}, set())
+        assert schema("memory_search") == ({"query", "limit", "regex", "valid_now"}, {"query"})
+        assert schema("memory_recall") == ({"query", "limit", "valid_now"}, {"query"})
         assert schema("memory_refs") == (set(), set())
         base_hash = tools["memory_patch"].input_schema["properties"]["base_hash"]
         assert base_hash["type"] == "string" and "64" in base_hash["pattern"]
@@ -420,6 +430,8 @@ EVERY_CALL = [
     ("memory_set", {"slug": "notes/x", "value": "v"}),
     ("memory_patch", {"slug": "notes/x", "diff": "", "base_hash": "0" * 64}),
     ("memory_delete", {"slug": "notes/x"}),
+    ("memory_log", {"slug": "notes/x"}),
+    ("memory_revert", {"slug": "notes/x", "rev": "0" * 64}),
 ]
 
 
@@ -515,7 +527,7 @@ async def test_a_third_key_cannot_read_the_agents_memory(
             assert secret not in everything
 
 
-async def test_owner_session_reads_and_offers_no_write_tools(
+async def test_owner_session_reads_and_offers_verdicts_not_deletion(
     relay: RelayProcess, keys: Keys, tmp_path: Path
 ) -> None:
     async with stdio_server(keys.agent_env(relay.url), log_dir=tmp_path) as agent:
@@ -525,7 +537,7 @@ async def test_owner_session_reads_and_offers_no_write_tools(
     env = keys.owner_env(relay.url)
     for transport in ("stdio", "http"):
         async with SERVERS[transport](env, "--agent", keys.agent, log_dir=tmp_path) as owner:
-            assert await owner.tool_names() == READ_TOOLS
+            assert await owner.tool_names() == READ_TOOLS | OWNER_TOOLS
             listed = await owner.ok("memory_list")
             assert [r["slug"] for r in listed.structured_content["memories"]] == ["mem/notes/x"]
             got = await owner.ok("memory_get", slug="notes/x")
@@ -534,12 +546,12 @@ async def test_owner_session_reads_and_offers_no_write_tools(
                 "mem/notes/x"
             ]
             assert "agent profile" in await owner.core_resource()
-            for tool in sorted(WRITE_TOOLS):
-                message = await owner.error(tool, "bad_input", slug="notes/x", value="v")
-                assert "read-only" in message
+            message = await owner.error("memory_delete", "bad_input", slug="notes/x")
+            assert "memory_deny" in message  # the owner denies; it never deletes
     async with stdio_server(keys.agent_env(relay.url), log_dir=tmp_path) as agent:
         got = await agent.ok("memory_get", slug="notes/x")
         assert got.content[0].text == "for the owner"  # nothing was written
+        assert "memory_confirm" not in await agent.tool_names()
 
 
 async def test_no_private_key_in_anything_the_server_prints(

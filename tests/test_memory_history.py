@@ -30,7 +30,7 @@ from cli.client import connect_relay
 from cli.errors import BadInputError
 from cli.identity import load_identity
 from cli.memory.api import AgentMemory
-from engram import Memory, build_event, d_tag
+from engram import Memory, build_event
 from engram.nip01 import Event, sign_event
 from engram.versions import AGENT, Meta, build_version
 

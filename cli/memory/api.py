@@ -72,6 +72,7 @@ from cli.memory.results import (
 from cli.memory.search import compile_query, search_views
 from cli.memory.transfer import TransferOps
 from cli.memory.verdicts import VerdictOps
+from cli.relayset import RelaySession
 from engram import CORE_SLUG, EngramError, Head, reachability
 from engram.live import Live, ended, valid_at, write_trust
 from engram.versions import AGENT, Meta, Version, encode_version_body
@@ -270,11 +271,9 @@ class AgentMemory(HistoryOps, VerdictOps, AuditOps, TransferOps, RecallOps, Memo
         none holds a core candidate, or core reads as denied or forgotten (a valid verdict
         says so); `unknown` otherwise (a failure to read is never "absent").
         """
+        session = RelaySession(self.relays, self.identity.seckey, self.timeout)
         try:
-            session = await self._session()
-        except Exception as exc:
-            return CoreRead("unknown", reason=f"{type(exc).__name__}: {exc}")
-        try:
+            await session.connect()
             checker = HeadChecker(self.identity)
             try:
                 read = await self._read_slug(session, checker, CORE_SLUG)

@@ -2,9 +2,10 @@
 hygiene for agents*).
 
 Three outcomes, one type each, so no caller can confuse them:
-- `Profile`: some relay holds a valid core; its profile is rendered under a fixed header.
-- `Nudge`: every relay of the set answered and none holds anything at core's address:
-  tell the agent to create one.
+- `Profile`: core reads as live (the rule of `engram.live`: owner corrections outrank the
+  agent's own); its profile is rendered under a fixed header with its trust.
+- `Nudge`: every relay of the set answered and none holds anything at core's address, or
+  core reads as denied by the owner (or forgotten): tell the agent to create one.
 - `Nothing`: timeout, transport or auth failure, or candidates that all failed
   validation. A failed read must never teach the agent that it has no memory.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from cli.identity import Identity
 from cli.memory.api import AgentMemory
@@ -39,15 +40,31 @@ NUDGE = (
 )
 
 
+class Trusted(Protocol):
+    trust: str | None
+    role: str
+    ended: bool
+
+
+def trust_line(read: Trusted) -> str:
+    """One line saying how far the profile is to be trusted and who wrote it."""
+    who = "your owner" if read.role == "owner" else "you"
+    ended = "; its validity has ended" if read.ended else ""
+    return f"Profile trust: {read.trust or 'not recorded'}; written by {who}{ended}."
+
+
 @dataclass(frozen=True)
 class Profile:
-    """A valid core was read; `text` is what to inject."""
+    """A live core was read; `text` is what to inject: the profile, its trust, usage."""
 
     profile: str
+    trust: str | None = None
+    role: str = "agent"
+    ended: bool = False
 
     @property
     def text(self) -> str:
-        return f"{HEADER}\n\n{self.profile}\n\n{USAGE}"
+        return f"{HEADER}\n\n{self.profile}\n\n{trust_line(self)}\n\n{USAGE}"
 
 
 @dataclass(frozen=True)
@@ -76,7 +93,7 @@ HookResult = Profile | Nudge | Nothing
 async def _read_core(ident: Identity, urls: str | Sequence[str], timeout: float) -> HookResult:
     read = await AgentMemory(ident, urls, timeout=timeout).core()
     if read.status == "profile" and read.profile is not None:
-        return Profile(read.profile)
+        return Profile(read.profile, read.trust, read.role, read.ended)
     if read.status == "absent":
         return Nudge()
     return Nothing(read.reason)

@@ -16,132 +16,58 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
+import msgspec
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.prompts.base import UserMessage
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 
-from cli.errors import AgentMemoryError
+from cli.errors import AgentMemoryError, BadInputError
 from cli.memory.api import AgentMemory, CoreRead, SetReport, WriteResult
-from cli.memory.hook import HEADER
+from cli.memory.hook import HEADER, trust_line
 from cli.memory.mcp_auth import StaticToken, auth_settings
+from cli.memory.mcp_text import (
+    CORE_PROMPT,
+    CORE_URI,
+    DESCRIPTIONS,
+    INSTRUCTIONS,
+    NUDGE,
+    OWNER_DESCRIPTIONS,
+    OWNER_INSTRUCTIONS,
+    OWNER_NUDGE,
+    USAGE,
+    BaseHashArg,
+    DiffArg,
+    ForceArg,
+    LimitArg,
+    QueryArg,
+    ReasonArg,
+    RegexArg,
+    RevArg,
+    SlugArg,
+    SourceArg,
+    TimeArg,
+    TrustArg,
+    ValidNowArg,
+    ValueArg,
+)
+from cli.timeparse import parse_time
 from engram import EngramError
 
 T = TypeVar("T")
 
-CORE_URI = "engram://core"
-CORE_PROMPT = "core_profile"
-PATCH_CAP = 1 << 20  # as `engram mem patch`: a larger diff is refused, never truncated
-WRITE_TOOLS = ("memory_set", "memory_patch", "memory_delete")
+# Tools by who may call them: the agent's key writes versions, the owner's key verdicts.
+AGENT_TOOLS = ("memory_delete",)
+OWNER_TOOLS = ("memory_confirm", "memory_deny")
+WRITE_TOOLS = ("memory_set", "memory_patch", "memory_revert", *AGENT_TOOLS, *OWNER_TOOLS)
 
 # Stable, machine-readable error codes: the CLI's exit codes 1-5 by meaning, plus "error".
-ERROR_CODES = ("bad_input", "not_found", "relay", "auth", "conflict", "error")
+ERROR_CODES = ("bad_input", "not_found", "refused", "relay", "auth", "conflict", "error")
 
 log = logging.getLogger("engram.mcp")
-
-
-# --- what the agent reads: instructions and tool descriptions ------------------------------
-
-SLUG_HELP = (
-    "Slug: a path such as `notes/project-x` (`mem/` is added when missing; segments of "
-    "lower-case letters, digits, `-` and `_`), or `core` for your profile."
-)
-INSTRUCTIONS = (
-    "Persistent memory for this agent: text values under slugs, stored end-to-end encrypted "
-    "on Nostr relays and kept across sessions. `core` is your profile (who you are, who you "
-    f"work for, how you work together): read it first, from the resource {CORE_URI} or the "
-    f"prompt `{CORE_PROMPT}`. Link other memories from the profile or from each other as "
-    "[[mem/slug]] so they stay reachable (memory_refs). To change a value, memory_get it "
-    "(the result includes its sha256), then memory_patch with that base_hash; memory_set "
-    "replaces the whole value. To find a memory whose slug you do not know, ask "
-    "memory_recall in plain words."
-)
-DESCRIPTIONS = {
-    "memory_recall": (
-        "The memories most relevant to a question or a few words in plain language, best "
-        "first: slug, value, score (higher is better), created_at. Ranked locally after "
-        "decryption (words and embeddings, fused): the query never leaves this machine. Use "
-        "it before memory_set to find what you already know."
-    ),
-    "memory_get": (
-        "Read one memory. The first text block is the value exactly as stored; the second "
-        "gives its sha256, the base_hash for memory_patch. `core` returns your profile. "
-        f"{SLUG_HELP} Links to other memories look like [[mem/slug]]."
-    ),
-    "memory_hash": (
-        f"The sha256 (hex) of a memory's current value: the base_hash for memory_patch. {SLUG_HELP}"
-    ),
-    "memory_list": (
-        "List your memories: slug, created_at (unix seconds) and event id, sorted by slug. "
-        "`core` (your profile) and deleted memories are not listed."
-    ),
-    "memory_search": (
-        "Search slugs and values for a text (case-insensitive), best matches first, with a "
-        "one-line snippet each. The search runs locally after decryption: the query never "
-        "leaves this machine."
-    ),
-    "memory_refs": (
-        "Which memories are reachable from `core` through [[mem/slug]] links, which are "
-        "orphans (nothing links to them) and which links are dangling (point at nothing). "
-        "Nothing is deleted: decide yourself what to link or remove."
-    ),
-    "memory_set": (
-        "Create a memory or replace its whole value (at most 65,535 bytes once encoded). "
-        "Use it for new memories; to edit an existing one prefer memory_patch with a "
-        "base_hash, which cannot overwrite a change you have not seen. `core` is your "
-        f"profile: keep it short and link details as [[mem/slug]]. {SLUG_HELP}"
-    ),
-    "memory_patch": (
-        "Edit a memory by applying a one-file unified diff exactly (no fuzz, no offset). "
-        "base_hash is the sha256 of the value you made the diff against (from memory_get or "
-        "memory_hash); if the memory changed since, nothing is written and the error code "
-        "is `conflict`: read it again and redo the diff. An absent memory patches as the "
-        f"empty value. {SLUG_HELP}"
-    ),
-    "memory_delete": (
-        "Delete a memory (publishes a tombstone). `core` cannot be deleted: to clear your "
-        "profile, memory_set it to a shorter text. Remove [[mem/slug]] links to it too "
-        f"(memory_refs shows them as dangling). {SLUG_HELP}"
-    ),
-}
-USAGE = (
-    "Your memory survives across sessions. Read more with the memory_get and memory_list "
-    "tools; save with memory_set; edit with memory_patch (base_hash from memory_get); link "
-    "entries from this profile as [[mem/...]]; update the profile with memory_set on `core`."
-)
-NUDGE = (
-    "# Persistent memory: no core profile yet (engram)\n\n"
-    "You have persistent memory, but no core profile: nothing tells you who you are or who "
-    "you work for. Early in this session, ask your user about themselves (name, role, "
-    "preferences, what they want from you), then create your profile with the memory_set "
-    "tool on slug `core` (a short text about you, your user and how you work together). "
-    "Save other facts with memory_set and link them from the profile as [[mem/...]]."
-)
-OWNER_NUDGE = "# Agent memory (engram)\n\nThis agent has no core profile yet."
-
-SlugArg = Annotated[str, Field(description="`notes/x` (`mem/` is added) or `core`.")]
-ValueArg = Annotated[
-    str, Field(description="The whole new value (text, at most 65,535 bytes).", max_length=65_535)
-]
-DiffArg = Annotated[
-    str,
-    Field(description="A one-file unified diff against the current value.", max_length=PATCH_CAP),
-]
-BaseHashArg = Annotated[
-    str,
-    Field(
-        description="sha256 (64 hex) of the value the diff was made against.",
-        pattern=r"^[0-9a-fA-F]{64}$",
-    ),
-]
-QueryArg = Annotated[
-    str, Field(description="Text to look for (case-insensitive).", min_length=1, max_length=1000)
-]
-LimitArg = Annotated[int, Field(description="At most this many matches.", ge=1, le=1000)]
-RegexArg = Annotated[bool, Field(description="Treat the query as a regular expression.")]
 
 READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
@@ -243,7 +169,11 @@ class EngramMCP(MCPServer):
             if isinstance(cause, ValidationError):
                 return failure("bad_input", validation_message(cause))
             if self._tool_manager.get_tool(name) is None:
-                why = " (this is a read-only session)" if name in WRITE_TOOLS else ""
+                why = ""
+                if name in AGENT_TOOLS:
+                    why = " (an owner session: deny a memory with memory_deny)"
+                elif name in OWNER_TOOLS:
+                    why = " (verdicts are the owner's: an owner session has them)"
                 return failure("bad_input", f"unknown tool: {name}{why}")
             log.error("tool %s failed: %s", name, type(cause).__name__)
             return failure("error", f"unexpected error in {name}")
@@ -257,10 +187,23 @@ def inner_timeout(timeout: float) -> float:
     return timeout - min(0.5, timeout / 5)
 
 
+def described(
+    trust: str | None, role: str, valid_from: int | None, valid_until: int | None, ended: bool
+) -> str:
+    """`trust stated, written by the agent, valid until 1714521600 (ended)` for the model."""
+    text = f"trust {trust or 'not given'}, written by the {role}"
+    if valid_from is not None:
+        text += f", valid from {valid_from}"
+    if valid_until is not None:
+        text += f", valid until {valid_until}" + (" (ended)" if ended else "")
+    return text
+
+
 def build_server(
     memory: AgentMemory, timeout: float, token: str | None = None, base_url: str = ""
 ) -> EngramMCP:
-    """The MCP server over `memory`; the write tools only when the held key may write.
+    """The MCP server over `memory`: the agent's tools, or with the owner's key the owner's
+    (corrections, confirm, deny; no delete).
 
     Every call is cut off after `timeout` seconds whatever the relays do. Give `memory` a
     slightly shorter deadline (`inner_timeout`), so that with a relay set its own deadline
@@ -270,7 +213,7 @@ def build_server(
     server = EngramMCP(
         "engram",
         title="engram agent memory",
-        instructions=INSTRUCTIONS,
+        instructions=OWNER_INSTRUCTIONS if memory.role == "owner" else INSTRUCTIONS,
         version=_version(),
         log_level="WARNING",
         token_verifier=None if token is None else StaticToken(token),
@@ -298,18 +241,26 @@ def build_server(
                 log.error("tool call failed: %s", message)
             return failure(code, message)
 
-    async def memory_get(slug: SlugArg) -> CallToolResult:
+    def when(text: str | None, name: str) -> int | None:
+        if text is None:
+            return None
+        try:
+            return parse_time(text)
+        except ValueError:
+            raise BadInputError(f"{name}: not unix seconds or an ISO 8601 time") from None
+
+    async def memory_get(
+        slug: SlugArg, as_of: TimeArg = None, rev: RevArg | None = None, valid_at: TimeArg = None
+    ) -> CallToolResult:
         async def op() -> CallToolResult:
-            entry = await memory.get(slug)
-            data = {
-                "slug": entry.slug,
-                "value": entry.value,
-                "sha256": entry.sha256,
-                "event_id": entry.event_id,
-                "created_at": entry.created_at,
-            }
-            texts = [entry.value, f"sha256 {entry.sha256} (the base_hash for memory_patch)"]
-            return success(texts, data, entry.report)
+            entry = await memory.get(
+                slug, as_of=when(as_of, "as_of"), rev=rev, valid_at=when(valid_at, "valid_at")
+            )
+            data = {**entry.as_json(), "sha256": entry.sha256, "event_id": entry.event_id}
+            about = f"sha256 {entry.sha256} (the base_hash for memory_patch); " + described(
+                entry.trust, entry.role, entry.valid_from, entry.valid_until, entry.ended
+            )
+            return success([entry.value, about], data, entry.report)
 
         return await call(op)
 
@@ -322,31 +273,43 @@ def build_server(
 
         return await call(op)
 
-    async def memory_list() -> CallToolResult:
+    async def memory_list(valid_now: ValidNowArg = False) -> CallToolResult:
         async def op() -> CallToolResult:
-            found = await memory.ls()
+            found = await memory.ls(valid_now=valid_now)
             rows = found.entries
-            lines = [f"{r.slug}\t{r.created_at}\t{r.event_id}" for r in rows]
-            data = [
-                {"slug": r.slug, "created_at": r.created_at, "event_id": r.event_id} for r in rows
+            lines = [
+                f"{r.slug}\t{r.created_at}\t{r.event_id}\t{r.trust or '-'}"
+                + ("\tended" if r.ended else "")
+                for r in rows
             ]
+            data = [msgspec.structs.asdict(r) for r in rows]
             text = "\n".join(lines) or "(no memories)"
             return success([text], {"memories": data}, found.report)
 
         return await call(op)
 
     async def memory_search(
-        query: QueryArg, limit: LimitArg = 20, regex: RegexArg = False
+        query: QueryArg,
+        limit: LimitArg = 20,
+        regex: RegexArg = False,
+        valid_now: ValidNowArg = False,
     ) -> CallToolResult:
         async def op() -> CallToolResult:
-            hits = await memory.search(query, regex=regex, limit=limit)
-            lines = [f"{m.slug}\t{m.snippet}" for m in hits]
+            hits = await memory.search(query, regex=regex, limit=limit, valid_now=valid_now)
+            lines = [
+                f"{m.slug}\t{m.snippet}\t{m.trust or '-'}" + ("\tended" if m.ended else "")
+                for m in hits
+            ]
             data = [
                 {
                     "slug": m.slug,
                     "snippet": m.snippet,
                     "created_at": m.created_at,
                     "event_id": m.event_id,
+                    "trust": m.trust,
+                    "role": m.role,
+                    "valid_until": m.valid_until,
+                    "ended": m.ended,
                 }
                 for m in hits
             ]
@@ -373,8 +336,8 @@ def build_server(
     async def memory_refs() -> CallToolResult:
         async def op() -> CallToolResult:
             graph = await memory.refs()
-            lines = [f"reachable\t{s}" for s in graph.reachable]
-            lines += [f"orphan\t{s}" for s in graph.orphans]
+            lines = [f"reachable\t{s}\t{graph.trust.get(s) or '-'}" for s in graph.reachable]
+            lines += [f"orphan\t{s}\t{graph.trust.get(s) or '-'}" for s in graph.orphans]
             lines += [f"dangling\t{t}\t(linked from {s})" for s, t in graph.dangling]
             if not graph.has_core:
                 lines.insert(0, "no core profile: every memory is an orphan")
@@ -383,20 +346,66 @@ def build_server(
                 "reachable": graph.reachable,
                 "orphans": graph.orphans,
                 "dangling": [{"from": s, "to": t} for s, t in graph.dangling],
+                "trust": graph.trust,
+                "ended": graph.ended,
             }
             return success(["\n".join(lines) or "(no memories)"], data, graph.report)
 
         return await call(op)
 
-    async def memory_set(slug: SlugArg, value: ValueArg) -> CallToolResult:
-        return await call(lambda: written(memory.set(slug, value), "saved"), slug)
+    async def memory_log(slug: SlugArg) -> CallToolResult:
+        async def op() -> CallToolResult:
+            history = await memory.log(slug)
+            lines = [
+                f"{v.id}\t{v.created_at}\t{v.role}\t{v.trust or '-'}\t{v.state}"
+                + (f"\t{' '.join(v.source.split())}" if v.source else "")
+                for v in history.versions
+            ]
+            data = {
+                "slug": history.slug,
+                "versions": [msgspec.structs.asdict(v) for v in history.versions],
+            }
+            return success(["\n".join(lines)], data, history.report)
 
-    async def memory_patch(slug: SlugArg, diff: DiffArg, base_hash: BaseHashArg) -> CallToolResult:
-        return await call(lambda: written(memory.patch(slug, diff, base_hash), "patched"), slug)
+        return await call(op)
 
-    async def memory_delete(slug: SlugArg) -> CallToolResult:
-        return await call(lambda: written(memory.rm(slug), "deleted"), slug)
+    async def memory_set(
+        slug: SlugArg,
+        value: ValueArg,
+        trust: TrustArg = None,
+        source: SourceArg = None,
+        valid_from: TimeArg = None,
+        valid_until: TimeArg = None,
+        force: ForceArg = False,
+    ) -> CallToolResult:
+        async def write() -> WriteResult:
+            return await memory.set(
+                slug, value, trust=trust, source=source, valid_from=when(valid_from, "valid_from"),
+                valid_until=when(valid_until, "valid_until"), force=force,
+            )  # fmt: skip
 
+        return await call(lambda: written(write(), "saved"), slug)
+
+    async def memory_patch(
+        slug: SlugArg, diff: DiffArg, base_hash: BaseHashArg, force: ForceArg = False
+    ) -> CallToolResult:
+        return await call(
+            lambda: written(memory.patch(slug, diff, base_hash, force=force), "patched"), slug
+        )
+
+    async def memory_delete(slug: SlugArg, reason: ReasonArg = None) -> CallToolResult:
+        return await call(lambda: written(memory.rm(slug, reason=reason), "deleted"), slug)
+
+    async def memory_revert(slug: SlugArg, rev: RevArg, force: ForceArg = False) -> CallToolResult:
+        return await call(lambda: written(memory.revert(slug, rev, force=force), "reverted"), slug)
+
+    async def memory_confirm(slug: SlugArg, source: SourceArg = None) -> CallToolResult:
+        return await call(lambda: written(memory.confirm(slug, source=source), "confirmed"), slug)
+
+    async def memory_deny(slug: SlugArg, reason: ReasonArg = None) -> CallToolResult:
+        return await call(lambda: written(memory.deny(slug, reason=reason), "denied"), slug)
+
+    owner = memory.role == "owner"
     tools: list[tuple[Callable[..., Any], ToolAnnotations]] = [
         (memory_get, READ),
         (memory_hash, READ),
@@ -404,11 +413,18 @@ def build_server(
         (memory_search, READ),
         (memory_recall, READ),
         (memory_refs, READ),
+        (memory_log, READ),
+        (memory_set, WRITE),
+        (memory_patch, WRITE),
+        (memory_revert, WRITE),
     ]
-    if not memory.read_only:
-        tools += [(memory_set, WRITE), (memory_patch, WRITE), (memory_delete, DELETE)]
+    if owner:
+        tools += [(memory_confirm, WRITE), (memory_deny, DELETE)]
+    else:
+        tools += [(memory_delete, DELETE)]
+    texts = {**DESCRIPTIONS, **OWNER_DESCRIPTIONS} if owner else DESCRIPTIONS
     for fn, hints in tools:
-        server.add_tool(fn, description=DESCRIPTIONS[fn.__name__], annotations=hints)
+        server.add_tool(fn, description=texts[fn.__name__], annotations=hints)
 
     async def core_text() -> str | None:
         """The fetch hook's three outcomes: profile, nudge (core confirmed absent), None."""
@@ -416,12 +432,14 @@ def build_server(
             read = await bounded(memory.core, timeout)
         except TimeoutError as exc:
             read = CoreRead("unknown", reason=str(exc))
+        owner = memory.role == "owner"
         if read.status == "profile":
-            if memory.read_only:
-                return f"# The agent's core profile (engram)\n\n{read.profile}"
-            return f"{HEADER}\n\n{read.profile}\n\n{USAGE}"
+            note = trust_line(read)
+            if owner:
+                return f"# The agent's core profile (engram)\n\n{read.profile}\n\n{note}"
+            return f"{HEADER}\n\n{read.profile}\n\n{note}\n\n{USAGE}"
         if read.status == "absent":
-            return OWNER_NUDGE if memory.read_only else NUDGE
+            return OWNER_NUDGE if owner else NUDGE
         log.warning("core profile not read: %s", one_line(read.reason))
         return None
 
