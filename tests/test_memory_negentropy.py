@@ -82,14 +82,15 @@ async def test_migrate_to_a_fresh_relay_via_negentropy(
     moved = await memory.migrate(fresh.url)
     assert moved.ok and moved.heads == 31 and moved.missing == {fresh.url: []}
     target = moved.targets[fresh.url]
-    assert (target.method, target.published, target.up_to_date) == ("negentropy", 31, 0)
+    # 31 heads and core's version (kind 4174): every version goes to every relay
+    assert (target.method, target.published, target.up_to_date) == ("negentropy", 32, 0)
     want = {f"mem/h/{i}": e.id for i, e in enumerate(heads)}
     assert await held_heads(keys, fresh.url) == want  # heads only, as signed
     assert (await api(keys, [fresh.url]).get("core")).event_id == core.event_id
 
     again = json.loads(ok(await mem(keys, [source.url], "migrate", "--to", fresh.url, "--json")))
     row = again["relays"][fresh.url]
-    assert (row["method"], row["published"], row["up_to_date"]) == ("negentropy", 0, 31)
+    assert (row["method"], row["published"], row["up_to_date"]) == ("negentropy", 0, 32)
     assert again["missing"] == {fresh.url: []}
 
 
