@@ -30,7 +30,16 @@ from cli.client import connect_relay
 from cli.errors import BadInputError
 from cli.identity import load_identity
 from cli.memory.api import AgentMemory
-from engram import Memory, build_event
+from engram import (
+    Core,
+    Memory,
+    Tombstone,
+    body_text,
+    build_event,
+    conversation_key,
+    heads_by_slug,
+    listing,
+)
 from engram.nip01 import Event, sign_event
 from engram.versions import AGENT, Meta, build_version
 
@@ -97,6 +106,11 @@ def ok(result: Any) -> str:
 def api(keys: Keys, relays: list[str]) -> AgentMemory:
     env = {"ENGRAM_PRIVATE_KEY": keys.agent_sk.hex()}
     return AgentMemory(load_identity(None, keys.owner, None, env=env), relays, timeout=60)
+
+
+def owner_api(keys: Keys, relays: list[str]) -> AgentMemory:
+    env = {"ENGRAM_PRIVATE_KEY": keys.owner_sk.hex()}
+    return AgentMemory(load_identity(None, None, keys.agent, env=env), relays, timeout=60)
 
 
 def test_five_versions_log_as_of_diff_revert_audit(keys: Keys, relays: list[str]) -> None:
@@ -291,3 +305,62 @@ async def test_owner_denies_and_corrects_with_the_owner_key_alone(
     # the agent's key never writes a verdict
     with pytest.raises(BadInputError, match="only the owner"):
         await api(keys, relays).confirm("notes/city")
+
+
+async def test_a_nip_ae_only_reader_reads_the_same_heads_and_values(
+    keys: Keys, relays: list[str], ours: RelayProcess
+) -> None:
+    """The same writes, made once by a plain NIP-AE writer and once with the extension:
+    a reader that knows only NIP-AE (engram's head rule, heads only) reads the same
+    values and the same listing from both stores, and the extension reads the same
+    values as it, for every memory without an owner verdict."""
+    plain_keys = Keys.fresh()
+    ops: list[tuple[str, str | None]] = [
+        ("mem/a", "one"), ("mem/b", "bee"), ("mem/a", "two"), ("core", "me [[mem/a]]"),
+        ("mem/c", "sea"), ("mem/c", None), ("mem/b", "bee\nline 2\n"), ("mem/d", "dee"),
+        ("mem/d", None), ("mem/d", "dee again"), ("core", "me, later [[mem/b]]"),
+    ]  # fmt: skip
+    mem = api(keys, relays)
+    start = int(time.time()) - 1000
+    plain_events = []
+    for i, (slug, value) in enumerate(ops):
+        body = (
+            Core(value or "") if slug == "core"
+            else Tombstone(slug) if value is None else Memory(slug, value)
+        )  # fmt: skip
+        plain_events.append(
+            build_event(plain_keys.agent_sk, plain_keys.owner, body, start + i,
+                        os.urandom(32), os.urandom(32))
+        )  # fmt: skip
+        if value is None:
+            await mem.rm(slug, force=True)
+        else:
+            await mem.set(slug, value, trust="stated", valid_until=start + 10**9)
+    await mem.set("mem/e", "owner-touched")
+    await owner_api(keys, relays).set("mem/e", "owner's value")  # excluded: a verdict
+    for url in relays:
+        await put(url, plain_events, plain_keys.agent_sk)
+
+    async def nip_ae_view(k: Keys) -> tuple[dict[str, str | None], list[str]]:
+        client = await connect_relay(ours.url, k.agent_sk)
+        try:
+            events = await client.query({"kinds": [30174], "authors": [k.agent], "#p": [k.owner]})
+        finally:
+            await client.close()
+        ck = conversation_key(k.agent_sk, k.owner)
+        heads = heads_by_slug(events, k.agent, k.owner, ck)
+        values = {slug: body_text(h.body) for slug, h in heads.items()}
+        return values, [e.slug for e in listing(heads)]
+
+    extension_store, extension_listing = await nip_ae_view(keys)
+    plain_store, plain_listing = await nip_ae_view(plain_keys)
+    assert extension_store.pop("mem/e") == "owner-touched"  # a NIP-AE reader: the agent's head
+    assert extension_listing == [*plain_listing, "mem/e"]
+    assert extension_store == plain_store
+    # the extension reads the same values as the NIP-AE-only reader (verdicts aside)
+    live = (await mem.live()).views
+    assert {s: v.value for s, v in live.items() if s != "mem/e"} == {
+        s: v for s, v in plain_store.items() if v is not None
+    }
+    assert live["mem/e"].value == "owner's value" and live["mem/e"].role == "owner"
+    assert (await api(plain_keys, relays).live()).views.keys() == live.keys() - {"mem/e"}
