@@ -262,8 +262,8 @@ class Refusal(NamedTuple):
                 "with --force"
             )
         return (
-            f"{slug}: the owner corrected this memory in version {vid}; write over the "
-            "owner's correction with --force"
+            f"{slug}: the owner confirmed or corrected this value in version {vid}; write "
+            "over the owner's value with --force"
         )
 
 

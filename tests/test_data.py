@@ -32,9 +32,10 @@ def ev(sk: bytes, kind: int = 1, tags=(), content: str = "", created_at: int | N
     return sign_event(sk, ts, kind, [list(t) for t in tags], content, AUX)
 
 
-def engram(created_at: int, slot: str = "ab") -> Event:
+def engram(created_at: int, slot: str = "ab", kind: int = 30174) -> Event:
+    """An engram head, or (kind 4174) a revision of one: the memory's history (issue 39)."""
     tags = [("d", slot * 32), ("p", pubkey_of(OWNER)), ("alt", "encrypted agent memory record")]
-    return ev(AGENT, 30174, tags, ENGRAM_CONTENT, created_at)
+    return ev(AGENT, kind, tags, ENGRAM_CONTENT, created_at)
 
 
 def cli(*args: str, stdin: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -118,7 +119,7 @@ def test_durations_times_and_selections():
     with pytest.raises(ValueError):
         parse_time("yesterday")
 
-    assert Selection().where() == (" AND d IS NULL", [])
+    assert Selection().where() == (" AND d IS NULL AND kind NOT IN (4174, 4175)", [])
     assert Selection(include_replaceable=True).where() == ("", [])
     assert Selection((30174, 1)).where() == (" AND kind = ANY($3::int4[])", [[30174, 1]])
 
@@ -307,6 +308,7 @@ def aged_events(now: int) -> tuple[list[Event], list[Event]]:
         ev(AUTHOR, 0, (), '{"name":"old profile"}', old_ts),
         ev(AUTHOR, 30023, [("d", "old")], "old article", old_ts),
         engram(old_ts),
+        engram(old_ts, kind=4174),  # memory history is kept like the heads it belongs to
     ]
     new = [ev(AUTHOR, 1, (), f"new note {i}", now - i) for i in range(3)]
     new.append(ev(OTHER, 7, [("e", new[0].id)], "+", now))
@@ -337,12 +339,12 @@ async def test_prune_deletes_old_events_in_batches(start_relay):
         assert {e["id"] for e in await c.query({"kinds": [1, 7]})} == {e.id for e in new}
         kept = {e["kind"] for e in await c.query({"authors": [pubkey_of(AUTHOR)]})}
         assert kept == {0, 1, 30023}  # replaceable and addressable heads are kept
-    assert await count_rows(db) == len(new) + 3  # and the old engram head
+    assert await count_rows(db) == len(new) + 4  # and the old engram head and its revision
 
     out = prune(db, "--older-than", "30d", "--kind", "30174", "--tenant", "default").stdout
     assert out.decode().startswith("deleted 1 events in 1 batches (kind 30174,")
     out = prune(db, "--older-than", "30d", "--include-replaceable").stdout.decode()
-    assert out.startswith("deleted 2 events in 1 batches (all kinds")
+    assert out.startswith("deleted 3 events in 1 batches (all kinds")
     assert {msgspec.json.decode(r)["id"] for _, r in await stored_rows(db)} == {e.id for e in new}
     assert prune(db, "--older-than", "30d").stdout.decode().startswith("deleted 0 events")
 
@@ -365,5 +367,5 @@ async def test_retention_prunes_in_the_background(start_relay, tmp_path):
             await asyncio.sleep(0.3)
         kinds = {e["kind"] for e in await c.query({"authors": [pubkey_of(AUTHOR)]})}
         assert kinds == {0, 1, 30023}  # heads kept: include_replaceable is off
-    assert await count_rows(rp.database_url) == len(new) + 3
+    assert await count_rows(rp.database_url) == len(new) + 4  # engram head and revision too
     assert "retention: pruned" in rp.log()
