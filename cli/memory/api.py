@@ -73,6 +73,7 @@ from cli.memory.search import compile_query, search_views
 from cli.memory.transfer import TransferOps
 from cli.memory.verdicts import VerdictOps
 from cli.relayset import RelaySession
+from cli.timeparse import format_time
 from engram import CORE_SLUG, EngramError, Head, reachability
 from engram.live import Live, ended, valid_at, write_trust
 from engram.versions import AGENT, Meta, Version, encode_version_body
@@ -154,10 +155,9 @@ class AgentMemory(HistoryOps, VerdictOps, AuditOps, TransferOps, RecallOps, Memo
         version = live.version
         meta = version.meta
         if valid_at_t is not None and not valid_at(meta, valid_at_t):
-            window = f"from {meta.valid_from}" if meta.valid_from is not None else ""
-            if meta.valid_until is not None:
-                window += f"{' ' if window else ''}until {meta.valid_until}"
-            raise NotFoundError(f"{slug}: not valid at {valid_at_t} (valid {window})")
+            bounds = [("from", meta.valid_from), ("until", meta.valid_until)]
+            window = " ".join(f"{w} {format_time(t)}" for w, t in bounds if t is not None)
+            raise NotFoundError(f"{slug}: not valid at {format_time(valid_at_t)} (valid {window})")
         view = self._view(version, self.now())
         return Entry(
             slug,
