@@ -261,6 +261,15 @@ def _sealed(
     )
 
 
+def _checked_body(slug: str, text: str | None, meta: Meta, role: str) -> bytes:
+    """The serialized body, refused when its own readers would reject it."""
+    if slug == CORE_SLUG and text is None and role == AGENT:
+        raise InvalidBodyError("core has no removal; write an empty profile instead")
+    body = encode_version_body(slug, text, meta)
+    parse_meta(msgspec.json.decode(body), role, text)  # the same check every reader makes
+    return body
+
+
 def build_version(
     seckey: bytes,
     peer_pubkey: str,
@@ -276,10 +285,7 @@ def build_version(
     the owner's key, `p` the agent). Refuses a body its own readers would reject."""
     if meta.rev is not None:
         raise InvalidBodyError("'rev' belongs to heads only")
-    if slug == CORE_SLUG and text is None and role == AGENT:
-        raise InvalidBodyError("core has no removal; write an empty profile instead")
-    body = encode_version_body(slug, text, meta)
-    parse_meta(msgspec.json.decode(body), role, text)  # the same check every reader makes
+    body = _checked_body(slug, text, meta, role)
     kind = KIND_REVISION if role == AGENT else KIND_VERDICT
     return _sealed(seckey, peer_pubkey, kind, slug, body, created_at, nonce, aux)
 
@@ -297,10 +303,7 @@ def build_head(
     """The NIP-AE head (kind 30174) of an agent's version: its body plus `rev`."""
     if meta.rev is None:
         raise InvalidBodyError("a versioned head names its revision ('rev')")
-    if slug == CORE_SLUG and text is None:
-        raise InvalidBodyError("core has no tombstone; write an empty profile instead")
-    body = encode_version_body(slug, text, meta)
-    parse_meta(msgspec.json.decode(body), AGENT, text)
+    body = _checked_body(slug, text, meta, AGENT)
     return _sealed(agent_seckey, owner_pubkey, KIND_ENGRAM, slug, body, created_at, nonce, aux)
 
 

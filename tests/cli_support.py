@@ -332,3 +332,15 @@ async def deletion_ignoring_proxy(upstream: str) -> AsyncIterator[str]:
 
     async with fake_relay(handler) as url:
         yield url
+
+
+async def put(url: str, events: list[Event], seckey: bytes) -> None:
+    """Publish straight to one relay (not through a set): to make relays disagree."""
+    from cli.client import connect_relay
+
+    client = await connect_relay(url, seckey)
+    try:
+        results = await client.try_publish_many(events)
+    finally:
+        await client.close()
+    assert all(ok for ok, _ in results.values()), results

@@ -21,6 +21,7 @@ from cli_support import (
     deletion_ignoring_proxy,
     engram,
     engram_async,
+    put,
     shared_local_relay,
     shared_relay,
 )
@@ -40,7 +41,7 @@ from engram import (
     heads_by_slug,
     listing,
 )
-from engram.nip01 import Event, sign_event
+from engram.nip01 import sign_event
 from engram.versions import AGENT, Meta, build_version
 
 
@@ -86,16 +87,6 @@ async def amem(keys: Keys, relays: list[str], *args: str, owner: bool = False) -
 
 def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-async def put(url: str, events: list[Event], seckey: bytes) -> None:
-    """Publish straight to one relay, not through the set."""
-    client = await connect_relay(url, seckey)
-    try:
-        results = await client.try_publish_many(events)
-    finally:
-        await client.close()
-    assert all(accepted for accepted, _ in results.values()), results
 
 
 def ok(result: Any) -> str:

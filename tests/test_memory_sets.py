@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import os
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -28,19 +27,13 @@ from cli_support import (
     engram_async,
     fake_relay,
     publish,
+    put,
+    shared_local_relay,
 )
 from relay_fixtures import RelayProcess
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection
 
-from bench.peers import (
-    _LOCAL_RELAY_SCRIPT,
-    Running,
-    _spawn,
-    _ws_handshake_ok,
-    free_port,
-    wait_ready,
-)
 from cli.client import connect_relay
 from cli.identity import Identity, load_identity
 from cli.memory.api import AgentMemory
@@ -70,16 +63,6 @@ def event_for(keys: Keys, slug: str, value: str | None, created_at: int) -> Even
     return build_event(keys.agent_sk, keys.owner, body, created_at, os.urandom(32), os.urandom(32))
 
 
-async def put(url: str, events: list[Event], seckey: bytes) -> None:
-    """Publish straight to one relay (not through the set): to make relays disagree."""
-    client = await connect_relay(url, seckey)
-    try:
-        results = await client.try_publish_many(events)
-    finally:
-        await client.close()
-    assert all(ok for ok, _ in results.values()), results
-
-
 async def mem(keys: Keys, relays: list[str], *args: str) -> Any:
     """`engram mem ARGS…` as a real process, generous limits: this machine is shared."""
     env = keys.agent_env(",".join(relays))
@@ -102,20 +85,7 @@ def local_relay(tmp_path: Path) -> Iterator[str]:
     """nostr-sdk's LocalRelay (Rust, in memory) in its own process, rate limit lifted."""
     workdir = tmp_path / "local-relay"
     workdir.mkdir()
-    script = workdir / "local_relay.py"
-    script.write_text(_LOCAL_RELAY_SCRIPT)
-    port = free_port()
-    run = Running(
-        "nostr-sdk LocalRelay",
-        f"ws://127.0.0.1:{port}",
-        _spawn([sys.executable, str(script), str(port)], workdir),
-        workdir,
-    )
-    wait_ready(run, port, _ws_handshake_ok)
-    try:
-        yield run.url
-    finally:
-        run.stop()
+    yield from shared_local_relay(str(workdir))
 
 
 @contextlib.asynccontextmanager

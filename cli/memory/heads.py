@@ -12,7 +12,7 @@ import msgspec
 
 from cli.identity import Identity
 from cli.memory.results import SKIP_REASONS
-from engram import Head, InvalidEngramError, first_valid_heads
+from engram import KIND_ENGRAM, Head, InvalidEngramError, first_valid_heads
 from engram.envelope import open_engram
 from engram.nip01 import Event
 from engram.versions import Version, head_version, validate_version
@@ -37,7 +37,7 @@ class HeadChecker:
         head: Head | None = None
         version: Version | None = None
         try:
-            if event.kind == 30174:
+            if event.kind == KIND_ENGRAM:
                 body, obj = open_engram(event, ident.agent, ident.owner, ident.conversation_key)
                 head, version = Head(event, body), head_version(event, body, obj)
             else:
@@ -48,7 +48,7 @@ class HeadChecker:
         return head, version
 
     def head(self, event: Event) -> Head | None:
-        return self._check(event)[0] if event.kind == 30174 else None
+        return self._check(event)[0] if event.kind == KIND_ENGRAM else None
 
     def version(self, event: Event) -> Version | None:
         """Any event of the memory as a version (a head as its version), or None."""
@@ -57,7 +57,7 @@ class HeadChecker:
     def heads(self, events: Iterable[Event]) -> dict[str, Head]:
         """slug -> head among the kind-30174 `events` (spec: *Head selection*), older
         versions of a slug never decrypted once a newer valid one is found."""
-        return first_valid_heads((e for e in events if e.kind == 30174), self.head)
+        return first_valid_heads((e for e in events if e.kind == KIND_ENGRAM), self.head)
 
     def versions(self, events: Iterable[Event]) -> list[Version]:
         """Every valid version among `events` (heads included, as versions)."""
