@@ -563,11 +563,13 @@ def search(
 def recall(
     query: Annotated[str, typer.Argument(help="A question or a few words, in plain language.")],
     limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="At most N.")] = 10,
+    valid_now: ValidNow = False,
     json_out: Annotated[
         bool,
         typer.Option(
             "--json",
-            help="Print a JSON array of {slug, value, snippet, score, created_at, event_id}.",
+            help="Print a JSON array of {slug, value, snippet, score, created_at, event_id, "
+            "trust, role, valid_from, valid_until, ended}.",
         ),
     ] = False,
     relay: Relay = None,
@@ -578,15 +580,17 @@ def recall(
 ) -> None:
     """The memories most relevant to QUERY, best first: slug, score, created_at, snippet.
 
-    Ranked on this machine after decryption (words and a packaged embedding model, fused);
-    the query never leaves it. The index is cached, encrypted, in the user's data
-    directory and brought up to date from the relays on each run.
+    Each line ends with the memory's trust and validity, as `ls` shows them; removed,
+    denied and forgotten memories are never returned, --valid-now also hides facts not
+    valid now. Ranked on this machine after decryption (words and a packaged embedding
+    model, fused); the query never leaves it. The index is cached, encrypted, in the
+    user's data directory and brought up to date from the relays on each run.
     """
     from cli.memory.recall.present import hit_json, hit_line
 
     mem = memory(relay, owner, key_file, agent, timeout)
     mem.recaller().background = False  # a one-shot process: no exact check behind its back
-    found = run(_then_close(mem, mem.recall(query, limit)))
+    found = run(_then_close(mem, mem.recall(query, limit, valid_now=valid_now)))
     report(found.report, json_out)
     if json_out:
         typer.echo(json.dumps([hit_json(h, query) for h in found.hits], ensure_ascii=False))

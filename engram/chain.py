@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from engram.head import head_key
 from engram.live import newest, older, visible
 from engram.versions import AGENT, Version
 
@@ -137,7 +138,7 @@ def _heads(
     agent_newest = newest(v for v in shown if v.role == AGENT)
     first = shown[-1] if shown else None
     for url, h in holdings.items():
-        head = min(h.heads, key=lambda v: (-v.created_at, v.event.id), default=None)
+        head = min(h.heads, key=lambda v: head_key(v.created_at, v.event.id), default=None)
         if head is None:
             if agent_newest is not None:
                 yield Finding(

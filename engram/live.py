@@ -47,8 +47,9 @@ class TrustError(EngramError, ValueError):
     """A trust state the writer may not use."""
 
 
-def _key(v: Version) -> tuple[int, str]:
-    return (-v.created_at, v.id)
+def _key(v: Version) -> tuple[int, str | bytes]:
+    """The head rule's sort key (engram.head.head_key) over versions, by version id."""
+    return head_key(v.created_at, v.id)
 
 
 def dedupe(versions: Iterable[Version]) -> list[Version]:
@@ -63,7 +64,7 @@ def dedupe(versions: Iterable[Version]) -> list[Version]:
 
 def newest(versions: Iterable[Version]) -> Version | None:
     """The head rule over versions: greatest created_at, then the lowest id."""
-    return min(versions, key=lambda v: head_key(v.created_at, v.id), default=None)
+    return min(versions, key=_key, default=None)
 
 
 def older(v: Version, than: Version) -> bool:

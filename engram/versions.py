@@ -34,6 +34,7 @@ from engram.envelope import (
     open_event,
 )
 from engram.errors import BodyShapeError, BodyTooLargeError, EngramError, InvalidBodyError
+from engram.kinds import KIND_DELETION
 from engram.nip01 import Event, is_hex, sign_event
 from engram.slug import CORE_SLUG, d_tag, validate_slug
 
@@ -346,7 +347,6 @@ def validate_version(
     return Version(event, slug, text, role, meta)
 
 
-KIND_DELETION = 5  # NIP-09
 DELETION_IDS_MAX = 500  # `e` tags per deletion request (relays bound tags per event)
 
 

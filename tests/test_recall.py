@@ -119,14 +119,17 @@ async def test_json_output_is_stable_and_documented(relay: RelayProcess, tmp_pat
     assert first.stdout == second.stdout
     rows = json.loads(first.stdout)
     assert len(rows) == 4
-    assert all(
-        list(r) == ["slug", "value", "snippet", "score", "created_at", "event_id"] for r in rows
-    )
+    members = ["slug", "value", "snippet", "score", "created_at", "event_id"]
+    members += ["trust", "role", "valid_from", "valid_until", "ended"]  # issue 39
+    assert all(list(r) == members for r in rows)
     assert rows[0]["slug"] == "mem/projects/atlas"
     assert isinstance(rows[0]["created_at"], int) and len(rows[0]["event_id"]) == 64
     plain = engram("mem", "recall", "billing deadline", "--limit", "1", env=env)
-    slug, score, created_at, snippet = plain.stdout.decode().rstrip("\n").split("\t")
+    slug, score, created_at, snippet, trust, validity = (
+        plain.stdout.decode().rstrip("\n").split("\t")
+    )
     assert slug == "mem/projects/atlas" and float(score) > 0 and "deadline" in snippet
+    assert (trust, validity) == (rows[0]["trust"] or "-", "-")
     assert created_at == str(rows[0]["created_at"])
 
 

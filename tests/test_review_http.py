@@ -19,7 +19,7 @@ from relay_fixtures import RelayProcess
 from review_support import REFUSAL, ReviewProcess, refusing_relay, review_server
 
 from cli.identity import load_identity
-from cli.memory import AgentMemory
+from cli.memory import AgentMemory, NotFoundError
 from cli.memory.review.guard import CSP
 from engram.nip19 import nsec
 
@@ -267,15 +267,15 @@ async def test_save_normalises_line_endings_and_keeps_the_rest(
     assert (await seeded.get("notes/eol")).value == expected
 
 
-async def test_verdicts_answer_not_yet_available(
-    review: ReviewProcess, http: httpx.AsyncClient
-) -> None:
+async def test_verdicts_are_the_owners_only(review: ReviewProcess, http: httpx.AsyncClient) -> None:
+    """This server holds the agent's key: a denial is refused, naming the owner (issue 39:
+    verdicts are signed by the owner's key alone)."""
     page = (await http.get(review.at("act/deny/mem/people/bob"))).text
     r = await http.post(
         review.at("act/deny/mem/people/bob"),
         data={"reason": "wrong", "csrf": csrf_of(page, "/act/deny/mem/people/bob")},
     )
-    assert r.status_code == 501 and "issue 39" in r.text
+    assert r.status_code == 422 and "only the owner" in r.text
 
 
 async def correct(
@@ -322,9 +322,13 @@ async def test_relay_refusal_is_shown_with_the_relays_message(
         assert (await seeded.get("notes/refused")).value == "accepted by one"
 
 
-async def test_owner_mode_reads_and_cannot_write_yet(
+async def test_owner_mode_corrects_and_denies(
     relay: RelayProcess, keys: Keys, seeded: AgentMemory, tmp_path: Path, http: httpx.AsyncClient
 ) -> None:
+    """With the owner's key the page writes owner verdicts (issue 39): a correction the
+    agent reads as the owner's, a denial the agent no longer reads."""
+    await seeded.set("people/dora", "Dora lives in Rome.")
+    await seeded.set("people/erin", "Erin lives in Oslo.")
     async with review_server(
         keys.owner_env(relay.url),
         "--agent",
@@ -334,9 +338,21 @@ async def test_owner_mode_reads_and_cannot_write_yet(
     ) as server:
         page = (await http.get(server.at("m/mem/people/alice"))).text
         assert "Alice lives in Lisbon." in page and "acting as <strong>the owner" in page
-        assert "Preview the correction" not in page and "issue 39" in page
+        assert "Preview the correction" in page and "/act/deny/mem/people/alice" in page
         for secret in secrets_of(keys):
             assert secret not in page
+        r = await correct(http, server, "mem/people/erin", "Erin lives in Bergen.")
+        assert r.status_code == 303, r.text
+        page = (await http.get(server.at("act/deny/mem/people/dora"))).text
+        r = await http.post(
+            server.at("act/deny/mem/people/dora"),
+            data={"reason": "she moved", "csrf": csrf_of(page, "/act/deny/mem/people/dora")},
+        )
+        assert r.status_code == 303, r.text
+    erin = await seeded.get("people/erin")
+    assert (erin.value, erin.role, erin.trust) == ("Erin lives in Bergen.", "owner", "confirmed")
+    with pytest.raises(NotFoundError):
+        await seeded.get("people/dora")
 
 
 # --- the server's life -----------------------------------------------------------------------

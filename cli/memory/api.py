@@ -74,7 +74,7 @@ from cli.memory.transfer import TransferOps
 from cli.memory.verdicts import VerdictOps
 from cli.relayset import RelaySession
 from cli.timeparse import format_time
-from engram import CORE_SLUG, EngramError, Head, reachability
+from engram import CORE_SLUG, EngramError, reachability
 from engram.live import Live, ended, valid_at, write_trust
 from engram.versions import AGENT, Meta, Version, encode_version_body
 
@@ -222,11 +222,12 @@ class AgentMemory(HistoryOps, VerdictOps, AuditOps, TransferOps, RecallOps, Memo
         entries = [_entry_of(v) for slug, v in found.views.items() if slug != CORE_SLUG]
         return Listing(entries, found.report)
 
-    async def heads(self) -> tuple[dict[str, Head], SetReport]:
-        """Every head across the set (memories, tombstones, core), merged, with the set's
-        report: for a caller that shows the whole memory at once (`engram review`)."""
+    async def views(self) -> tuple[dict[str, Live], SetReport]:
+        """Every slug as it reads (`engram.live.Live`: live, removed, denied, forgotten;
+        core included), with the set's report: for a caller that shows the whole memory at
+        once, removed ones too (`engram review`)."""
         read = await self._everything()
-        return read.heads, read.report
+        return read.lives(), read.report
 
     async def refs(self) -> Refs:
         """Reachability from core over `[[slug]]` links: reachable, orphans, dangling

@@ -34,18 +34,13 @@ from cli.memory.results import SetReport, WriteResult, sha256_hex
 from cli.paging import Fetched, fetch_all
 from cli.relayset import RelaySession, parse_relays
 from engram import (
-    CORE_SLUG,
     FUTURE_SKEW_MAX,
     KIND_ENGRAM,
     KIND_REVISION,
     KIND_VERDICT,
-    Body,
     ClockConflictError,
-    Core,
     EngramError,
     Head,
-    Memory,
-    Tombstone,
     d_tag,
     merge_heads,
     normalize_slug,
@@ -364,12 +359,8 @@ class MemoryBase:
             raise BadInputError(str(exc)) from exc
         accepted, refused = await self._send(session, slug, events)
         good = await self._verify(session, checker, slug, version.id, accepted, refused)
-        if self._recall is not None and role == AGENT:
-            body: Body = (
-                Core(text or "") if slug == CORE_SLUG
-                else Memory(slug, text) if text is not None else Tombstone(slug)
-            )  # fmt: skip
-            self._recall.written(body, events[-1].id, created_at)
+        if self._recall is not None:  # the index takes the write at once
+            self._recall.written(Version(version, slug, text, role, meta), events[-1].id)
         return WriteResult(
             slug,
             version.id,

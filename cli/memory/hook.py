@@ -13,6 +13,7 @@ Three outcomes, one type each, so no caller can confuse them:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -163,7 +164,12 @@ class RecallHook:
             value = " ".join(h.value.split())
             if len(value) > RECALL_VALUE_CHARS:
                 value = value[:RECALL_VALUE_CHARS] + "…"
-            lines.append(f"- [[{h.slug}]] (created_at {h.created_at}): {value}")
+            about = f"created_at {h.created_at}, trust {h.trust or 'not recorded'}"
+            if h.role == "owner":
+                about += ", from your owner"
+            if h.valid_until is not None and h.valid_until <= time.time():
+                about += ", validity ended"
+            lines.append(f"- [[{h.slug}]] ({about}): {value}")
         return "\n".join(lines)
 
 

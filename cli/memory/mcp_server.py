@@ -318,14 +318,18 @@ def build_server(
 
         return await call(op)
 
-    async def memory_recall(query: QueryArg, limit: LimitArg = 10) -> CallToolResult:
+    async def memory_recall(
+        query: QueryArg, limit: LimitArg = 10, valid_now: ValidNowArg = False
+    ) -> CallToolResult:
         async def op() -> CallToolResult:
             from cli.memory.recall.present import hit_json
 
-            found = await memory.recall(query, limit)
+            found = await memory.recall(query, limit, valid_now=valid_now)
             rows = [hit_json(h, query) for h in found.hits]
             lines = [
-                f"{r['slug']}\t{r['score']:.6f}\t{r['created_at']}\t{one_line(r['value'])}"
+                f"{r['slug']}\t{r['score']:.6f}\t{r['created_at']}\t{r['trust'] or '-'}"
+                + ("\tended" if r["ended"] else "")
+                + f"\t{one_line(r['value'])}"
                 for r in rows
             ]
             text = "\n".join(lines) or "(no memories)"

@@ -34,17 +34,20 @@ class RecallOps(MemoryBase):
         if self._recall is not None:
             await self._recall.close()
 
-    async def recall(self, query: str, limit: int = 10) -> Recalled:
-        """The live memories most relevant to `query`, best first (`Recalled.hits`).
+    async def recall(self, query: str, limit: int = 10, *, valid_now: bool = False) -> Recalled:
+        """The live memories most relevant to `query`, best first (`Recalled.hits`, each
+        with its trust and validity); `valid_now` leaves out facts not valid now.
 
-        Ranked on this machine (BM25 and a packaged embedding model, fused): the query and
-        the scores never leave it. The index is cached encrypted under the user's data dir
-        and brought up to the relays first (`cli.memory.recall.updater`)."""
+        What is live is `engram.live`'s rule, as for `ls`: removed, denied and forgotten
+        memories are never ranked, owner corrections are. Ranked on this machine (BM25 and
+        a packaged embedding model, fused): the query and the scores never leave it. The
+        index is cached encrypted under the user's data dir and brought up to the relays
+        first (`cli.memory.recall.updater`)."""
         if not query.strip():
             raise BadInputError("the recall query is empty")
         if limit < 1:
             raise BadInputError("--limit must be at least 1")
-        return await self.recaller().recall(query, limit)
+        return await self.recaller().recall(query, limit, valid_now=valid_now)
 
     async def _similar(self, slug: str, value: str) -> tuple[Similar, ...]:
         """Write-time hints: existing memories close to `value`; none if the index cannot

@@ -4,6 +4,7 @@ relay set (`SetReport`). No I/O; the CLI and the MCP server format them."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -216,11 +217,18 @@ class VersionInfo(msgspec.Struct, frozen=True):
 
 @dataclass(frozen=True)
 class Log:
-    """A slug's versions, newest first (forgotten ones never listed)."""
+    """A slug's versions, newest first (forgotten ones never listed); iterating a Log
+    iterates its versions."""
 
     slug: str
     versions: list[VersionInfo]
     report: SetReport
+
+    def __iter__(self) -> Iterator[VersionInfo]:
+        return iter(self.versions)
+
+    def __len__(self) -> int:
+        return len(self.versions)
 
 
 @dataclass(frozen=True)

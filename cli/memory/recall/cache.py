@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from cli.memory.recall.index import Known, RecallIndex, dequantize, quantize
 
-MAGIC = b"engram-recall-cache/1\n"
+MAGIC = b"engram-recall-cache/2\n"  # 2: each entry's version, trust, role and validity
 KEY_LABEL = b"engram/recall-cache/v1"
 APP_NAME = "engram-relay"  # the same data directory as `engram serve`'s embedded PostgreSQL
 
@@ -53,6 +53,8 @@ class Payload(msgspec.Struct, array_like=True):
     scales: bytes  # float32 per live row
     relays: dict[str, int]  # relay -> newest created_at it has given us
     checked: float = 0.0  # when the last exact reconciliation ran (unix seconds)
+    # per entry, in `slugs` order: (version, trust, role, valid_from, valid_until)
+    about: list[tuple[str, str | None, str, int | None, int | None]] = []
 
 
 class CacheFile:
@@ -82,7 +84,8 @@ class CacheFile:
             plain = self._aead.decrypt(nonce, data[len(self.header) + 12 :], self.header)
             payload = msgspec.msgpack.decode(plain, type=Payload)
             n = len(payload.slugs)
-            if not (len(payload.ids) == len(payload.created) == len(payload.values) == n):
+            sizes = (len(payload.ids), len(payload.created), len(payload.values))
+            if sizes != (n, n, n) or len(payload.about) != n:
                 return None
             live = sum(v is not None for v in payload.values)
             dim = index.embedder.dim
@@ -95,9 +98,14 @@ class CacheFile:
         vectors = dequantize(q.reshape(live, dim), scales)
         index.put(
             {
-                s: Known(i, c, v)
-                for s, i, c, v in zip(
-                    payload.slugs, payload.ids, payload.created, payload.values, strict=True
+                s: Known(i, c, v, *about)
+                for s, i, c, v, about in zip(
+                    payload.slugs,
+                    payload.ids,
+                    payload.created,
+                    payload.values,
+                    payload.about,
+                    strict=True,
                 )
             },
             vectors,
@@ -122,6 +130,7 @@ class CacheFile:
             scales.tobytes(),
             relays,
             checked,
+            [(k.version, k.trust, k.role, k.valid_from, k.valid_until) for k in known],
         )
         nonce = os.urandom(12)
         sealed = self._aead.encrypt(nonce, msgspec.msgpack.encode(payload), self.header)

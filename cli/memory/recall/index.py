@@ -1,9 +1,10 @@
-"""The recall index of one agent's memory: the live heads (slug -> event id, created_at,
-value), a BM25 index of their words and a matrix of their unit vectors, row by row.
+"""The recall index of one agent's memory: what each slug reads as (slug -> the event that
+decided it, created_at, the live value with its version, trust and validity), a BM25 index
+of the live values' words and a matrix of their unit vectors, row by row.
 
 Pure and in memory: `cli.memory.recall.cache` stores it, `cli.memory.recall.updater` feeds
-it from the relays. Which heads are live is decided by `engram.is_live` (the listing's
-rule), here and nowhere else in recall.
+it from the relays. What is live is decided by `engram.live` (the one rule of every read:
+tombstones, owner verdicts, forgets), in the updater; the index holds its answer.
 """
 
 from __future__ import annotations
@@ -22,12 +23,19 @@ from engram import Body, Head, beats, body_text, is_live
 
 @dataclass(frozen=True)
 class Known:
-    """What the index knows of a slug's head: enough to apply the head rule to a newer
-    event, and the value when the head is live (None: a tombstone, core, or not live)."""
+    """What the index knows of a slug: the event that decided it (a head, or an owner
+    verdict: enough to apply the head rule to a newer event), and the value when the slug
+    reads as live (None: removed, denied, forgotten, core). `version` is the live
+    version's name (`log`'s id), with its trust, author role and validity."""
 
     event_id: str
     created_at: int
     value: str | None
+    version: str = ""
+    trust: str | None = None
+    role: str = "agent"
+    valid_from: int | None = None
+    valid_until: int | None = None
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,10 @@ class Hit:
     lexical_rank: int | None = None  # 1-based, None when outside that ranker's depth
     dense_rank: int | None = None
     similarity: float = 0.0  # cosine of query and memory vectors
+    trust: str | None = None
+    role: str = "agent"
+    valid_from: int | None = None
+    valid_until: int | None = None
 
 
 def quantize(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -178,17 +190,32 @@ class RecallIndex:
     def _hit(self, row: int, score: float, sim: float, lex: int | None, den: int | None) -> Hit:
         slug = self._slug_at[row] or ""
         k = self.heads[slug]
-        return Hit(slug, k.value or "", score, k.created_at, k.event_id, lex, den, sim)
+        return Hit(
+            slug, k.value or "", score, k.created_at, k.version or k.event_id, lex, den, sim,
+            k.trust, k.role, k.valid_from, k.valid_until,
+        )  # fmt: skip
 
-    def rank(self, query: str, limit: int, mode: str = "fused") -> list[Hit]:
-        """The `limit` live memories best for `query`, best first.
+    def _mask(self, n: int, skip: frozenset[str]) -> np.ndarray:
+        alive = self._alive[:n]
+        if skip:
+            alive = alive.copy()
+            for slug in skip:
+                if (row := self._row_of.get(slug)) is not None and row < n:
+                    alive[row] = False
+        return alive
+
+    def rank(
+        self, query: str, limit: int, mode: str = "fused", skip: frozenset[str] = frozenset()
+    ) -> list[Hit]:
+        """The `limit` live memories best for `query`, best first; `skip`: slugs left out
+        (facts not valid now, when asked).
 
         mode: "fused" (the default), "lexical", "dense" or "rrf" (for evaluation). Ties go to the
         newer memory, then the slug, so the order is stable for the same index."""
         n = self._size()
         if not n or limit < 1 or not len(self):
             return []
-        alive = self._alive[:n]
+        alive = self._mask(n, skip)
         lex_scores = self.lexical.scores(terms(query), n)
         qv = self.embedder.embed([query])[0]
         sims = self._vectors[:n] @ qv

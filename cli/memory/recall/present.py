@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from cli.memory.recall.index import Hit
@@ -27,6 +28,12 @@ def score(hit: Hit) -> float:
     return round(hit.score, 6)
 
 
+def ended(hit: Hit, now: int | None = None) -> bool:
+    """Its validity has ended (marked, not hidden: `--valid-now` hides it)."""
+    until = hit.valid_until
+    return until is not None and until <= (int(time.time()) if now is None else now)
+
+
 def hit_json(hit: Hit, query: str) -> dict[str, Any]:
     """The documented `--json` member set, in a fixed order."""
     return {
@@ -36,8 +43,20 @@ def hit_json(hit: Hit, query: str) -> dict[str, Any]:
         "score": score(hit),
         "created_at": hit.created_at,
         "event_id": hit.event_id,
+        "trust": hit.trust,
+        "role": hit.role,
+        "valid_from": hit.valid_from,
+        "valid_until": hit.valid_until,
+        "ended": ended(hit),
     }
 
 
 def hit_line(hit: Hit, query: str) -> str:
-    return f"{hit.slug}\t{score(hit):.6f}\t{hit.created_at}\t{hit_snippet(hit, query)}"
+    """slug, score, created_at, snippet, trust, validity (`-`, or `ended` and when)."""
+    mark = "-"
+    if ended(hit) and hit.valid_until is not None:
+        mark = "ended " + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(hit.valid_until))
+    return (
+        f"{hit.slug}\t{score(hit):.6f}\t{hit.created_at}\t{hit_snippet(hit, query)}\t"
+        f"{hit.trust or '-'}\t{mark}"
+    )

@@ -12,7 +12,10 @@ An event is verified and decrypted only if it could change a head: one whose `d`
 slug's and that does not beat that slug's head (the same event again, or an older version)
 is skipped unverified, since nothing is taken from it. Every other event goes through
 `HeadChecker` (all five validity rules) and the head rule (`engram.merge_heads`), exactly
-as `ls` reads, then `engram.is_live` decides what is indexed.
+as `ls` reads. The owner's verdicts (kind 4175: denials, corrections, confirmations,
+forgets; few) are read whole on every refresh, and `engram.live` — the rule every read
+of memory goes through — decides from a slug's head and its verdicts what it reads as,
+and so what is indexed.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,31 +31,40 @@ from typing import Any, TypeVar
 from cli.client import RelayClient, connect_relay, fetch_nip11, max_limit_of
 from cli.errors import AuthError, RelayError
 from cli.identity import Identity
-from cli.memory.heads import HeadChecker
+from cli.memory.heads import HeadChecker, as_version
 from cli.memory.recall.cache import CacheFile
 from cli.memory.recall.dense import load
-from cli.memory.recall.index import Hit, Known, RecallIndex, live_value
+from cli.memory.recall.index import Hit, Known, RecallIndex
 from cli.memory.recall.settings import SETTINGS, RecallSettings
 from cli.memory.results import SetReport
 from cli.paging import Fetched, fetch_all
 from cli.peer import Peer, Unsupported
 from cli.reconcile import reconcile_items
 from cli.relayset import _reason
-from engram import KIND_ENGRAM, Body, Head, beats, d_tag, merge_heads
+from engram import CORE_SLUG, KIND_ENGRAM, KIND_VERDICT, Head, beats, d_tag, merge_heads
+from engram.live import Live, live_view, valid_at
 from engram.negentropy import Items
 from engram.nip01 import Event
+from engram.versions import AGENT, Meta, Version
 
 T = TypeVar("T")
 
 
 @dataclass
 class Recalled:
-    """Recall's answer: hits best first, and what the relay set had to say."""
+    """Recall's answer: hits best first (iterating it iterates them), and what the relay
+    set had to say."""
 
     hits: list[Hit]
     report: SetReport
     changed: int = 0  # heads the index took from the relays on this call
     methods: dict[str, str] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[Hit]:
+        return iter(self.hits)
+
+    def __len__(self) -> int:
+        return len(self.hits)
 
 
 class Recall:
@@ -87,6 +99,8 @@ class Recall:
         self.background = background  # exact checks in the background (long-running owners)
         self.rebuilt = False  # the cache was missing or refused on load
         self._saved_newest: dict[str, int] = {}
+        # slug -> the owner's verdicts, as last read whole (None: not read yet)
+        self.verdicts: dict[str, dict[str, Version]] | None = None
 
     # -- loading ------------------------------------------------------------------------
 
@@ -116,6 +130,10 @@ class Recall:
     def _filter(self, **extra: Any) -> dict[str, Any]:
         ident = self.identity
         return {"kinds": [KIND_ENGRAM], "authors": [ident.agent], "#p": [ident.owner], **extra}
+
+    def _verdict_filter(self) -> dict[str, Any]:
+        ident = self.identity
+        return {"kinds": [KIND_VERDICT], "authors": [ident.owner], "#p": [ident.agent]}
 
     def _could_change(self, event: Event) -> bool:
         """False for an event that cannot change a head: skipped unverified."""
@@ -208,10 +226,13 @@ class Recall:
 
     # -- the exchange with the relays -------------------------------------------------------
 
-    async def _since(self, client: RelayClient, slack: int) -> Fetched:
+    async def _since(self, client: RelayClient, slack: int) -> tuple[Fetched, Fetched]:
+        """(heads since the newest seen, every owner verdict)."""
         newest = self.newest.get(client.url)
         flt = self._filter() if newest is None else self._filter(since=max(newest - slack, 0))
-        return await fetch_all(client, flt, self._limits.get(client.url))
+        limit = self._limits.get(client.url)
+        heads = await fetch_all(client, flt, limit)
+        return heads, await fetch_all(client, self._verdict_filter(), limit)
 
     async def _exact(self, client: RelayClient) -> Fetched:
         """NIP-77 of the index's heads against the relay; only what it lacks is fetched."""
@@ -229,14 +250,26 @@ class Recall:
             return Fetched()
         return Fetched({e.id: e for e in await peer.fetch_ids(extra)})
 
-    def _apply(self, fetched: dict[str, Fetched], checker: HeadChecker) -> int:
+    def _apply(
+        self,
+        fetched: dict[str, Fetched],
+        checker: HeadChecker,
+        verdicts: dict[str, Fetched] | None = None,
+    ) -> int:
+        """Take new heads (and, when `verdicts` were read, the owner's verdicts, whole)."""
         views = []
         for url, got in fetched.items():
             events = list(got.events.values())
             if events:
                 self.newest[url] = max(self.newest.get(url, 0), *(e.created_at for e in events))
             views.append(checker.heads(e for e in events if self._could_change(e)))
-        return self._take(list(merge_heads(views).values()))
+        if verdicts is not None:
+            every: dict[str, dict[str, Version]] = {}
+            for got in verdicts.values():
+                for v in checker.versions(got.events.values()):
+                    every.setdefault(v.slug, {})[v.id] = v
+            self.verdicts = every
+        return self._take(merge_heads(views), checker)
 
     async def refresh(self) -> tuple[SetReport, int, dict[str, str]]:
         """Bring the index up to the relays; (report, heads changed, relay -> method).
@@ -249,15 +282,17 @@ class Recall:
             first = not self._started
             slack = self.settings.slack if first else self.settings.warm_slack
             methods = {u: ("since" if u in self.newest else "req") for u in self.urls}
-            fetched, failed = await self._on_each(lambda c: self._since(c, slack))
+            answers, failed = await self._on_each(lambda c: self._since(c, slack))
             self._started = True
+            fetched = {u: heads for u, (heads, _) in answers.items()}
+            verdicts = {u: got for u, (_, got) in answers.items()}
             incomplete = {
                 u: why
-                for u, got in fetched.items()
+                for u, got in [*fetched.items(), *verdicts.items()]
                 if (why := got.why_incomplete(self._limits.get(u) is not None)) is not None
             }
             checker = HeadChecker(self.identity)
-            changed = self._apply(fetched, checker)
+            changed = self._apply(fetched, checker, verdicts)
             if changed or self.rebuilt or self.newest != self._saved_newest:
                 self._save()
                 self.rebuilt = False
@@ -292,13 +327,41 @@ class Recall:
 
         self._exact_task = asyncio.ensure_future(run())
 
-    def _take(self, heads: list[Head]) -> int:
-        assert self.index is not None
+    def _take(self, heads: dict[str, Head], checker: HeadChecker) -> int:
+        """What each slug with a new head or a verdict reads as (`engram.live`), into the
+        index; returns how many slugs changed."""
+        index = self.index
+        assert index is not None
         kc = self.identity.conversation_key
-        for h in heads:
-            if h.body.slug not in self.index.heads:
-                self._slug_of_d[d_tag(kc, h.body.slug)] = h.body.slug
-        return self.index.apply(heads)
+        verdicts = self.verdicts or {}
+        changed: dict[str, Known] = {}
+        for slug in {*heads, *verdicts}:
+            if slug not in index.heads:
+                self._slug_of_d[d_tag(kc, slug)] = slug
+            versions = list(verdicts.get(slug, {}).values())
+            if slug in heads:
+                versions.append(as_version(checker, heads[slug]))
+            prior = index.heads.get(slug)
+            if prior is not None:
+                versions.append(self._as_version(slug, prior))
+            known = known_of(slug, live_view(slug, versions))
+            if known is not None and known != prior:
+                changed[slug] = known
+        index.put(changed)
+        return len(changed)
+
+    def _as_version(self, slug: str, k: Known) -> Version:
+        """What the index holds of a slug, as the version it came from (for the rule)."""
+        ident = self.identity
+        agent = k.role == AGENT
+        event = Event(
+            id=k.event_id, pubkey=ident.agent if agent else ident.owner,
+            created_at=k.created_at, kind=KIND_ENGRAM if agent else KIND_VERDICT,
+            tags=[], content="", sig="",
+        )  # fmt: skip
+        rev = k.version if k.version and k.version != k.event_id else None
+        meta = Meta(trust=k.trust, valid_from=k.valid_from, valid_until=k.valid_until, rev=rev)
+        return Version(event, slug, k.value, k.role, meta, head=agent, plain=agent and not rev)
 
     def _save(self) -> None:
         if self.persist and self.cache is not None and self.index is not None:
@@ -307,10 +370,23 @@ class Recall:
 
     # -- what callers use -----------------------------------------------------------------
 
-    async def recall(self, query: str, limit: int, mode: str = "fused") -> Recalled:
+    async def recall(
+        self, query: str, limit: int, mode: str = "fused", *, valid_now: bool = False
+    ) -> Recalled:
+        """The `limit` live memories best for `query`; `valid_now` leaves out facts not
+        valid now (ended, or not yet begun)."""
         report, changed, methods = await self.refresh()
         assert self.index is not None
-        hits = self.index.rank(query, limit, mode)
+        skip: frozenset[str] = frozenset()
+        if valid_now:
+            now = int(time.time())
+            skip = frozenset(
+                slug
+                for slug, k in self.index.heads.items()
+                if k.value is not None and not valid_at(Meta(valid_from=k.valid_from,
+                                                              valid_until=k.valid_until), now)
+            )  # fmt: skip
+        hits = self.index.rank(query, limit, mode, skip)
         return Recalled(hits, report, changed, methods)
 
     async def similar(self, slug: str, value: str) -> list[Hit]:
@@ -320,14 +396,34 @@ class Recall:
         s = self.settings
         return self.index.similar(slug, value, s.similar_limit, s.similar)
 
-    def written(self, body: Body, event_id: str, created_at: int) -> None:
-        """A write this process made and saw accepted: the index takes it at once (a
-        tombstone removes the slug), so the next call sees it whatever the relays say."""
+    def written(self, version: Version, event_id: str) -> None:
+        """A write this process made and saw accepted (`event_id`: the head it wrote, or
+        the verdict): the index takes it at once (a removal, denial or forget removes the
+        slug), so the next call sees it whatever the relays say."""
         if self.index is None:
             return  # not loaded yet: the next refresh reads it from the relays
-        slug = body.slug
+        slug = version.slug
         if slug not in self.index.heads:
             self._slug_of_d[d_tag(self.identity.conversation_key, slug)] = slug
-        live = live_value(body)
-        if self.index.apply_known([(slug, Known(event_id, created_at, live))]):
+        meta = version.meta
+        value = version.text if slug != CORE_SLUG else None
+        known = Known(
+            event_id, version.created_at, value, version.id, meta.trust, version.role,
+            meta.valid_from, meta.valid_until,
+        )  # fmt: skip
+        if self.index.apply_known([(slug, known)]):
             self._save()
+
+
+def known_of(slug: str, live: Live) -> Known | None:
+    """What the index keeps of what a slug reads as: the value only when live (and not
+    core, which recall never ranks), with its version, trust and validity."""
+    v = live.version
+    if v is None:
+        return None
+    meta = v.meta
+    value = live.text if slug != CORE_SLUG else None
+    return Known(
+        v.event.id, v.created_at, value, v.id, meta.trust, v.role, meta.valid_from,
+        meta.valid_until,
+    )  # fmt: skip

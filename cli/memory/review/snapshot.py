@@ -1,8 +1,9 @@
-"""What the pages show of a memory: one read of every head across the relay set, as rows.
+"""What the pages show of a memory: one read of the whole memory across the relay set, as
+rows, each what its slug reads as under the memory's rule (`engram.live`: owner verdicts
+outrank the agent's own state; removed, denied and forgotten memories have no value).
 
-A row carries what exists today (slug, value, event, time, the key that signed it) and
-empty slots for the trusted-memory extension (issue 39: trust state, source, validity,
-audit), which the pages already show as columns. Reading goes through `AgentMemory` only.
+A row carries the version that decides the slug (its id, time, the key that signed it,
+agent or owner, trust, source, validity). Reading goes through `AgentMemory` only.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cli.memory.api import AgentMemory, SetReport
-from engram import CORE_SLUG, Tombstone, body_text, d_tag, extract_refs, reachability
+from engram import CORE_SLUG, d_tag, extract_refs, reachability
 
 
 @dataclass(frozen=True)
 class Row:
-    """One head. `value` is None for a removed memory (a tombstone)."""
+    """One slug as it reads. `value` is None for a removed, denied or forgotten memory;
+    `event_id` names the version that decides it (a revision, an owner verdict, or a
+    plain NIP-AE head)."""
 
     slug: str
     value: str | None
@@ -33,7 +36,8 @@ class Row:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Live memories, core and removed memories, with what the relay set said."""
+    """Live memories, core and removed (also denied, forgotten) memories, with what the
+    relay set said."""
 
     live: dict[str, Row]
     core: Row | None
@@ -58,29 +62,34 @@ class Snapshot:
 
 
 async def take(memory: AgentMemory) -> Snapshot:
-    """Every head, merged across the relay set (one read)."""
-    heads, report = await memory.heads()
+    """Every slug as it reads, across the relay set (one read)."""
+    views, report = await memory.views()
     ident = memory.identity
     live: dict[str, Row] = {}
     removed: dict[str, Row] = {}
     core: Row | None = None
-    for slug, head in heads.items():
-        event = head.event
-        role = "owner" if event.pubkey == ident.owner else "agent"
-        body = head.body
-        value = body_text(body)
+    for slug, view in views.items():
+        version = view.version
+        if version is None:
+            continue
+        meta = version.meta
+        value = view.text
         row = Row(
             slug,
             value,
-            event.id,
-            event.created_at,
-            event.pubkey,
-            role,
+            version.id,
+            version.created_at,
+            version.author,
+            version.role,
             d_tag(ident.conversation_key, slug),
+            trust=meta.trust,
+            source=meta.source,
+            valid_from=meta.valid_from,
+            valid_until=meta.valid_until,
         )
         if slug == CORE_SLUG:
             core = row if value is not None else None
-        elif isinstance(body, Tombstone) or value is None:
+        elif value is None:
             removed[slug] = row
         else:
             live[slug] = row
