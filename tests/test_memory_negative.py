@@ -4,9 +4,9 @@ beside a positive twin that proves the same path returns live memory.
 Hidden: a tombstoned value, a value refused as rejected, a value the owner denied, a
 forgotten value, the memories of another owner (same agent) and of another agent (same
 owner), and a fact whose validity has ended where the reader asked to hide it. The paths:
-`engram mem` get/ls/search/refs/log/diff/get --as-of/--rev as real processes, the Python
-API, every MCP read tool through the `mcp` SDK's client, and the ACP injection through
-the real `engram acp` proxy.
+`engram mem` get/ls/search/recall/refs/log/diff/get --as-of/--rev as real processes, the
+Python API, every MCP read tool through the `mcp` SDK's client, and the ACP injections
+(core, and `--recall`) through the real `engram acp` proxy.
 
 History is history: a value that was live before its tombstone is what `get --as-of`
 returns for that earlier time (the positive twin of the history paths); after the
@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from acp import text_block
 from acp_support import proxied
-from cli_support import Keys, engram_async, shared_relay
+from cli_support import Keys, engram_async, put, shared_relay
 from relay_fixtures import RelayProcess
 from test_mcp import stdio_server
 
@@ -38,6 +38,7 @@ from cli.errors import NotFoundError, RefusedError
 from cli.identity import load_identity
 from cli.memory.api import AgentMemory
 from cli.memory.hook import NUDGE
+from engram import Memory, build_event
 
 LIVE = ["LIVEMARK", "ACCEPTEDMARK", "OURSMARK", "NOWMARK", "ENDEDMARK"]
 HIDDEN = ["TOMBMARK", "REJECTMARK", "DENYMARK", "FORGETMARK", "OTHEROWNERMARK", "OTHERAGENTMARK"]
@@ -59,9 +60,10 @@ def relay(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     yield from shared_relay(pg_server_url, str(tmp_path_factory.mktemp("negative-relay")))
 
 
-def agent_api(keys: Keys, url: str) -> AgentMemory:
+def agent_api(keys: Keys, url: str, recall_dir: Path | None = None) -> AgentMemory:
     env = {"ENGRAM_PRIVATE_KEY": keys.agent_sk.hex()}
-    return AgentMemory(load_identity(None, keys.owner, None, env=env), [url], timeout=60)
+    ident = load_identity(None, keys.owner, None, env=env)
+    return AgentMemory(ident, [url], timeout=60, recall_dir=recall_dir)
 
 
 def owner_api(keys: Keys, url: str) -> AgentMemory:
@@ -75,10 +77,11 @@ class World:
     url: str
     times: dict[str, int]  # when each removed value was still live
     ids: dict[str, str]  # version ids of those values
+    data: Path  # XDG_DATA_HOME of every process here (recall's cache)
 
 
 @pytest.fixture(scope="module")
-async def world(relay: RelayProcess) -> World:
+async def world(relay: RelayProcess, tmp_path_factory: pytest.TempPathFactory) -> World:
     keys = Keys.fresh()
     url = relay.url
     a, o = agent_api(keys, url), owner_api(keys, url)
@@ -110,20 +113,24 @@ async def world(relay: RelayProcess) -> World:
     await a.set("valid/ended", "ENDEDMARK", valid_until=now - 3600)
     await a.set("valid/now", "NOWMARK", valid_from=now - 3600, valid_until=now + 10**8)
     await a.set("core", PROFILE)
-    return World(keys, url, times, ids)
+    return World(keys, url, times, ids, tmp_path_factory.mktemp("negative-data"))
 
 
 def leaks(text: str, markers: list[str] = HIDDEN) -> list[str]:
     return [m for m in markers if m in text]
 
 
+def env_of(world: World, owner: bool = False) -> dict[str, str]:
+    keys, data = world.keys, str(world.data)
+    if owner:
+        return keys.owner_env(world.url) | {"XDG_DATA_HOME": data}
+    return keys.agent_env(world.url, XDG_DATA_HOME=data)
+
+
 async def cli(world: World, *args: str, owner: bool = False) -> Any:
     if owner:
-        env = world.keys.owner_env(world.url)
         args = (*args, "--agent", world.keys.agent)
-    else:
-        env = world.keys.agent_env(world.url)
-    return await engram_async("mem", *args, env=env)
+    return await engram_async("mem", *args, env=env_of(world, owner))
 
 
 def said(result: Any) -> str:
@@ -148,6 +155,12 @@ async def test_cli_current_reads(world: World) -> None:
     assert all(m in found.stdout.decode() for m in LIVE)
     found = await cli(world, "search", "MARK", "--limit", "100", "--valid-now")
     assert "ENDEDMARK" not in said(found) and "NOWMARK" in found.stdout.decode()
+
+    recalled = await cli(world, "recall", "MARK memory", "--limit", "100", "--json")
+    assert sorted(r["slug"] for r in json.loads(recalled.stdout)) == LIVE_SLUGS
+    assert not leaks(said(recalled)) and all(m in said(recalled) for m in LIVE)
+    recalled = await cli(world, "recall", "MARK memory", "--limit", "100", "--valid-now")
+    assert "ENDEDMARK" not in said(recalled) and "NOWMARK" in said(recalled)
 
     refs = json.loads((await cli(world, "refs", "--json")).stdout)
     assert sorted(refs["reachable"]) == LIVE_SLUGS
@@ -228,6 +241,45 @@ async def test_python_api(world: World) -> None:
         await mem.get("gone/tomb", as_of=int(time.time()) + 1)
     owner = owner_api(world.keys, world.url)
     assert [e.slug for e in (await owner.ls()).entries] == LIVE_SLUGS  # the owner sees alike
+    recall = agent_api(world.keys, world.url, world.data / "api")
+    found = await recall.recall("MARK memory", limit=100)
+    assert sorted(h.slug for h in found) == LIVE_SLUGS
+    assert not leaks(json.dumps([h.value for h in found]))
+    later = await recall.recall("MARK memory", limit=100, valid_now=True)
+    assert "mem/valid/ended" not in {h.slug for h in later}
+    await recall.close()
+
+
+async def test_recall_follows_verdicts_made_after_its_index(
+    relay: RelayProcess, tmp_path: Path
+) -> None:
+    """Recall keeps an index between calls and runs: a verdict written after it was built
+    still decides, warm (the same object) and cold (a new one, from the cache file)."""
+    keys = Keys.fresh()
+    agent = agent_api(keys, relay.url, tmp_path)
+    await agent.set("diet", "RECALLDENIED vegan")
+    await agent.set("city", "RECALLOLD Berlin")
+    assert {h.slug for h in await agent.recall("vegan Berlin", limit=10)} == {
+        "mem/diet", "mem/city",
+    }  # fmt: skip
+    owner = owner_api(keys, relay.url)
+    await owner.deny("diet", reason="eats fish")
+    await owner.set("city", "RECALLNEW Lisbon")
+    for mem in (agent, agent_api(keys, relay.url, tmp_path)):
+        hits = list(await mem.recall("vegan Berlin Lisbon", limit=10))
+        assert [h.slug for h in hits] == ["mem/city"]
+        assert (hits[0].value, hits[0].role, hits[0].trust) == (
+            "RECALLNEW Lisbon", "owner", "confirmed",
+        )  # fmt: skip
+        await mem.close()
+    # the agent's key writing the denied value without the extension: withheld all the same
+    plain = build_event(
+        keys.agent_sk, keys.owner, Memory("mem/diet", "RECALLDENIED vegan"),
+        int(time.time()) + 1, os.urandom(32), os.urandom(32),
+    )  # fmt: skip
+    await put(relay.url, [plain], keys.agent_sk)
+    assert "mem/diet" not in {h.slug for h in await agent.recall("vegan", limit=10)}
+    await agent.close()
 
 
 # --- MCP, through the official SDK's client -----------------------------------------------------
@@ -235,7 +287,7 @@ async def test_python_api(world: World) -> None:
 
 async def test_mcp_tools(world: World, tmp_path: Path) -> None:
     keys = world.keys
-    sessions = [keys.agent_env(world.url), keys.owner_env(world.url)]
+    sessions = [env_of(world), env_of(world, owner=True)]
     for env, args in zip(sessions, [(), ("--agent", keys.agent)], strict=True):
         async with stdio_server(env, *args, log_dir=tmp_path) as server:
             for slug in HIDDEN_SLUGS:
@@ -252,6 +304,9 @@ async def test_mcp_tools(world: World, tmp_path: Path) -> None:
             assert {m["slug"] for m in found.structured_content["matches"]} == {*LIVE_SLUGS, "core"}
             refs = await server.ok("memory_refs")
             assert sorted(refs.structured_content["reachable"]) == LIVE_SLUGS
+            recalled = await server.ok("memory_recall", query="MARK memory", limit=100)
+            slugs = sorted(r["slug"] for r in recalled.structured_content["memories"])
+            assert slugs == LIVE_SLUGS
             for name in ("denied", "forgot"):
                 slug = f"gone/{name}"
                 await server.error("memory_get", "not_found", slug=slug, rev=world.ids[name])
@@ -268,12 +323,13 @@ async def test_mcp_tools(world: World, tmp_path: Path) -> None:
 # --- the ACP injection, through the real proxy --------------------------------------------------
 
 
-async def acp_injected(env: dict[str, str], tmp_path: Path) -> str:
-    async with proxied(tmp_path, env) as (conn, run):
+async def acp_injected(env: dict[str, str], tmp_path: Path, *options: str) -> str:
+    """Every block the proxy put in front of the first prompt, joined."""
+    async with proxied(tmp_path, env, *options) as (conn, run):
         session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
-        await conn.prompt(session_id=session.session_id, prompt=[text_block("hello")])
+        await conn.prompt(session_id=session.session_id, prompt=[text_block("MARK memory")])
     [prompt] = run.received("session/prompt")
-    return str(prompt["prompt"][0]["text"])
+    return "\n\n".join(str(b["text"]) for b in prompt["prompt"][:-1])
 
 
 async def test_acp_injection(world: World, relay: RelayProcess, tmp_path: Path) -> None:
@@ -281,6 +337,10 @@ async def test_acp_injection(world: World, relay: RelayProcess, tmp_path: Path) 
     text = await acp_injected(world.keys.agent_env(relay.url), tmp_path)
     assert "PROFILEMARK" in text and "Profile trust: guess" in text
     assert not leaks(text)
+    # --recall: the live memories most relevant to the prompt, never a hidden one
+    options = ("--recall", "20", "--timeout", "60")
+    text = await acp_injected(env_of(world), tmp_path, *options)
+    assert all(f"[[{s}]]" in text for s in LIVE_SLUGS) and not leaks(text)
     # a core the owner denied reads as absent: the onboarding nudge, never the profile
     denied = Keys.fresh()
     await agent_api(denied, relay.url).set("core", "DENIEDCORE profile")
