@@ -66,7 +66,7 @@ def test_check_write_protected_event() -> None:
 
 def test_check_read_and_readers_follow_the_tenants_private_kinds() -> None:
     dm_only = _tenant(private_kinds=[4])
-    assert dm_only.private_kinds == {4, 30174}
+    assert dm_only.private_kinds == {4, 4174, 4175, 30174}  # agent memory and its history
     assert policy.check_read(Filter(kinds=[4]), None, dm_only).startswith("auth-required:")
     assert policy.check_read(Filter(kinds=[4], tags={"p": [B]}), A, dm_only).startswith(
         "restricted:"
@@ -78,7 +78,7 @@ def test_check_read_and_readers_follow_the_tenants_private_kinds() -> None:
     dm = sign_event(sk, 1, 4, [["p", B]], "", bytes(32))
     assert policy.readers(dm, dm_only.private_kinds) == {dm.pubkey, B}
     assert policy.readers(dm, frozenset({30174})) is None
-    assert default_tenant(Settings()).private_kinds == {4, 1059, 1060, 30174}
+    assert default_tenant(Settings()).private_kinds == {4, 1059, 1060, 4174, 4175, 30174}
 
 
 def test_private_kinds_setting() -> None:

@@ -104,7 +104,7 @@ def owner_api(keys: Keys, relays: list[str]) -> AgentMemory:
     return AgentMemory(load_identity(None, None, keys.agent, env=env), relays, timeout=60)
 
 
-def test_five_versions_log_as_of_diff_revert_audit(keys: Keys, relays: list[str]) -> None:
+async def test_five_versions_log_as_of_diff_revert_audit(keys: Keys, relays: list[str]) -> None:
     ids = []
     for i in range(5):
         trust = "stated" if i % 2 else "guess"
@@ -123,7 +123,8 @@ def test_five_versions_log_as_of_diff_revert_audit(keys: Keys, relays: list[str]
     for i, v in enumerate(reversed(log)):
         got = mem(keys, relays, "get", "notes/city", "--as-of", str(v["created_at"]))
         assert ok(got) == f"city {i}\n"
-        assert ok(mem(keys, relays, "get", "notes/city", "--rev", v["id"][:8])) == f"city {i}\n"
+        assert (await api(keys, relays).get("notes/city", rev=v["id"])).value == f"city {i}\n"
+    assert ok(mem(keys, relays, "get", "notes/city", "--rev", log[-1]["id"][:8])) == "city 0\n"
     before = mem(keys, relays, "get", "notes/city", "--as-of", str(log[-1]["created_at"] - 1))
     assert before.returncode == 1
     diff = ok(mem(keys, relays, "diff", "notes/city"))

@@ -117,7 +117,9 @@ def test_engram_gate_clause() -> None:
     text, params = sql.build_query([Filter(limit=1)], "t", viewer=PK)  # type: ignore[misc]
     assert "owner = $2::bytea" in text and params[1] == bytes.fromhex(PK)
     text, params = sql.build_query([Filter(limit=1)], "t", viewer="junk")  # type: ignore[misc]
-    assert f"kind NOT IN (4, 1059, 1060, {KIND_ENGRAM})" in text and "owner" not in text
+    # the default private kinds: DMs, gift wraps, agent memory and its history (4174, 4175)
+    assert f"kind NOT IN (4, 1059, 1060, 4174, 4175, {KIND_ENGRAM})" in text
+    assert "owner" not in text
 
 
 def test_private_gate_clause_names_only_the_filters_private_kinds() -> None:
@@ -266,7 +268,8 @@ def test_count_of_one_tag_gates_private_kinds() -> None:
     assert "x.kind = 4 AND e.tenant = $1 AND e.id = x.id" in text
     assert "(e.pubkey = $" in text and placeholders(text) == set(range(1, len(params) + 1))
     text, _ = sql.build_count([Filter(tags={"e": ["x"]})], "t", None, 100)  # type: ignore[misc]
-    assert f"x.kind NOT IN (4, 1059, 1060, {KIND_ENGRAM})" in text and "e.pubkey" not in text
+    assert f"x.kind NOT IN (4, 1059, 1060, 4174, 4175, {KIND_ENGRAM})" in text
+    assert "e.pubkey" not in text
 
 
 def test_statement_size_does_not_grow_with_the_values() -> None:
