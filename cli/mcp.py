@@ -77,9 +77,11 @@ def mcp_command(
 ) -> None:
     """Serve the agent's memory as MCP tools (stdio, or streamable HTTP with --http).
 
-    Tools memory_get, memory_hash, memory_list, memory_refs, and memory_set, memory_patch,
-    memory_delete unless --agent makes it an owner's read-only session; the core profile as
-    resource engram://core and prompt core_profile. Keys and relays as for `engram mem`.
+    Tools memory_get, memory_hash, memory_list, memory_search, memory_recall, memory_refs,
+    memory_log, memory_set, memory_patch, memory_revert and memory_delete; with --agent
+    (the owner's key) memory_confirm and memory_deny instead of memory_delete, and the
+    writes are corrections. The core profile as resource engram://core and prompt
+    core_profile. Keys and relays as for `engram mem`.
     Over HTTP every request must carry `Authorization: Bearer TOKEN` (see --token).
     """
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="engram mcp: %(message)s")

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 from cli_support import (
     Keys,
@@ -28,7 +29,7 @@ from cli_support import (
 from relay_fixtures import RelayProcess
 
 from cli.client import connect_relay
-from cli.errors import BadInputError
+from cli.errors import BadInputError, NotFoundError, RefusedError
 from cli.identity import load_identity
 from cli.memory.api import AgentMemory
 from engram import (
@@ -272,19 +273,22 @@ async def test_owner_denies_and_corrects_with_the_owner_key_alone(
     assert (city["value"], city["role"], city["author"]) == ("Paris", "owner", keys.owner)
     assert city["trust"] == "confirmed" and city["id"] == corrected
     # the agent cannot re-assert a denied value, even with --force
-    for extra in ((), ("--force",)):
-        refused = await amem(keys, relays, "set", "notes/diet", "vegan", *extra)
-        assert refused.returncode == 1 and verdict in refused.stderr.decode()
-    ok(await amem(keys, relays, "set", "notes/diet", "pescatarian"))  # another value is fine
+    refused = await amem(keys, relays, "set", "notes/diet", "vegan", "--force")
+    assert refused.returncode == 1 and verdict in refused.stderr.decode()
+    mem = api(keys, relays)
+    with pytest.raises(RefusedError) as denied_again:
+        await mem.set("notes/diet", "vegan")
+    assert (denied_again.value.version_id, denied_again.value.overridable) == (verdict, False)
+    await mem.set("notes/diet", "pescatarian")  # another value is fine
     # writing over the owner's correction needs --force
     over = await amem(keys, relays, "set", "notes/city", "Rome")
     assert over.returncode == 1 and corrected in over.stderr.decode()
-    ok(await amem(keys, relays, "set", "notes/city", "Rome", "--force"))
+    await mem.set("notes/city", "Rome", force=True)
     # the owner confirms: the agent's value, now confirmed by the owner
     confirmed = ok(await amem(keys, relays, "confirm", "notes/city", owner=True)).strip()
-    city = json.loads(ok(await amem(keys, relays, "get", "notes/city", "--json")))
-    assert (city["value"], city["id"], city["trust"]) == ("Rome", confirmed, "confirmed")
-    log = json.loads(ok(await amem(keys, relays, "log", "notes/city", "--json")))
+    got = await mem.get("notes/city")
+    assert (got.value, got.event_id, got.trust) == ("Rome", confirmed, "confirmed")
+    log = [msgspec.structs.asdict(v) for v in await mem.log("notes/city")]
     assert [(v["role"], v["trust"]) for v in log] == [
         ("owner", "confirmed"), ("agent", "guess"), ("owner", "confirmed"), ("agent", "guess"),
     ]  # fmt: skip
@@ -292,8 +296,8 @@ async def test_owner_denies_and_corrects_with_the_owner_key_alone(
     diet = json.loads(ok(await amem(keys, relays, "log", "notes/diet", "--json", owner=True)))
     assert [v["state"] for v in diet] == ["value", "denied", "withheld"]
     assert diet[1]["reason"] == "eats fish" and diet[2]["value_sha256"] == sha("vegan")
-    withheld = await amem(keys, relays, "get", "notes/diet", "--rev", diet[2]["id"], owner=True)
-    assert withheld.returncode == 1 and b"vegan" not in withheld.stdout
+    with pytest.raises(NotFoundError, match="denied"):
+        await owner_api(keys, relays).get("notes/diet", rev=diet[2]["id"])
     # the agent's key never writes a verdict
     with pytest.raises(BadInputError, match="only the owner"):
         await api(keys, relays).confirm("notes/city")
