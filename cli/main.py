@@ -61,9 +61,19 @@ def serve(
             " (env: ENGRAM_REPLICA_URLS, comma-separated).",
         ),
     ] = None,
+    public_url: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--public-url",
+            help="A URL clients use for this relay, e.g. wss://relay.example.com: NIP-42"
+            " AUTH, NIP-62 and NIP-98 must name one. Repeatable (env: ENGRAM_PUBLIC_URLS,"
+            " comma-separated). Behind a proxy, set it. Default: only the URL it listens on.",
+        ),
+    ] = None,
 ) -> None:
     """Run the relay (uvicorn + uvloop) on PostgreSQL; embedded PostgreSQL if no URL is set."""
-    from cli.server import run_one, run_workers, uvicorn_options
+    from cli.server import BindError, bind_listener, run_one, run_workers, uvicorn_options
+    from relay.identity import listen_urls, parse_public_urls, startup_note
     from relay.logs import setup_logging
 
     settings = settings_or_exit(
@@ -76,18 +86,33 @@ def serve(
         tls_key=tls_key,
         log_format=log_format,
         replica_urls=replica_url or None,
+        public_urls=public_url or None,
     )
     if bool(settings.tls_cert) != bool(settings.tls_key):
         typer.echo("engram: --tls-cert and --tls-key go together", err=True)
         raise typer.Exit(2)
     setup_logging(settings.log_level, settings.log_format)
+    try:  # first: a port in use fails at once, before a database is started for nothing
+        sock = bind_listener(settings.host, settings.port)
+    except BindError as exc:
+        typer.echo(f"engram serve: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    bound_port = sock.getsockname()[1]
     url, _embedded = resolve_database_url(settings)
-    scheme = "wss" if settings.tls_cert else "ws"
-    logging.getLogger("engram").info(
-        "engram-relay serving %s://%s:%d", scheme, settings.host, settings.port
+    secure = bool(settings.tls_cert)
+    where = f"[{settings.host}]" if ":" in settings.host else settings.host
+    serving = f"engram-relay serving {'wss' if secure else 'ws'}://{where}:{bound_port}"
+    note = startup_note(
+        parse_public_urls(settings.public_urls, "public_urls"),
+        listen_urls(secure, settings.host, bound_port),
     )
+    if note:  # once, by the process that was started (not by each worker)
+        exposed = settings.host not in ("127.0.0.1", "localhost", "::1")
+        logging.getLogger("engram").log(logging.WARNING if exposed else logging.INFO, "%s", note)
+    options = uvicorn_options(settings, bound_port)
     if workers == 1:
-        run_one(settings, url, uvicorn_options(settings))
+        if not run_one(settings, url, options, sock, serving):
+            raise typer.Exit(1)  # the lifespan failed (database, migrations): logged above
         return
     os.environ.update(  # each worker rebuilds the same settings from the environment
         {
@@ -95,9 +120,10 @@ def serve(
             **({"ENGRAM_CONFIG": config} if config else {}),
             **({"ENGRAM_LOG_FORMAT": settings.log_format} if log_format else {}),
             **({"ENGRAM_REPLICA_URLS": ",".join(replica_url)} if replica_url else {}),
+            **({"ENGRAM_PUBLIC_URLS": ",".join(public_url)} if public_url else {}),
         }
     )
-    run_workers(workers, uvicorn_options(settings))
+    run_workers(workers, options, sock, serving)
 
 
 @app.command(

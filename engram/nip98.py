@@ -1,10 +1,12 @@
 """NIP-98 HTTP authorization: a signed kind-27235 event in `Authorization: Nostr <base64>`.
 
-Pure: the caller passes what it knows of the request (hosts it answers, path, method,
-body) and `now`; the answer is the authorized pubkey or an HttpAuthError saying why not.
-The event binds one request: its `u` tag names this relay's URL (scheme aside: a TLS
-proxy in front makes https look like http here, and clients derive the URL from wss),
-`method` the HTTP method, `payload` the SHA-256 of the body, and it is recent.
+Pure: the caller passes what it knows of the request (the relay's own URLs, path,
+method, body) and `now`; the answer is the authorized pubkey or an HttpAuthError saying
+why not. The event binds one request: its `u` tag names one of this relay's URLs (scheme,
+host and port: `engram.urls`; https is wss seen from HTTP) and the request's path and
+query under it, `method` the HTTP method, `payload` the SHA-256 of the body, and it is
+recent. Whether a token was used before is the caller's to remember (its event id, for
+the window).
 """
 
 from __future__ import annotations
@@ -17,13 +19,12 @@ from urllib.parse import urlsplit
 import msgspec
 
 from engram.nip01 import Event, verify_event
-from engram.urls import host_of
+from engram.urls import RelayUrl, parse_relay_url
 
 KIND_HTTP_AUTH = 27235
 SCHEME = "Nostr"
 WINDOW_SECONDS = 60  # created_at must be this close to now (NIP-98 suggests 60 s)
 MAX_HEADER = 16_384  # characters of the header value; an auth event is a few hundred
-_URL_SCHEMES = ("http", "https", "ws", "wss")
 
 
 class HttpAuthError(ValueError):
@@ -61,23 +62,19 @@ def _tag(event: Event, name: str) -> str | None:
     return None
 
 
-def _same_target(u: str, hosts: frozenset[str], path: str, query: str) -> bool:
-    try:
-        parts = urlsplit(u)
-    except ValueError:
+def _same_target(u: str, urls: frozenset[RelayUrl], path: str, query: str) -> bool:
+    """`u` is `path`?`query` under one of the relay's URLs (a public URL may carry the
+    path a proxy serves the relay under: that path, then the request's)."""
+    target = parse_relay_url(u)
+    if target is None or urlsplit(u.strip()).query != query:
         return False
-    return (
-        parts.scheme.lower() in _URL_SCHEMES
-        and host_of(u) in hosts
-        and (parts.path or "/") == (path or "/")
-        and parts.query == query
-    )
+    return any(target == base._replace(path=(base.path + path).rstrip("/")) for base in urls)
 
 
 def check_http_auth(
     event: Event,
     *,
-    hosts: frozenset[str],
+    urls: frozenset[RelayUrl],
     path: str,
     method: str,
     body: bytes,
@@ -96,7 +93,7 @@ def check_http_auth(
     u = _tag(event, "u")
     if u is None:
         raise HttpAuthError("authorization event has no u tag")
-    if not _same_target(u, hosts, path, query):
+    if not _same_target(u, urls, path, query):
         raise HttpAuthError("authorization u tag names another URL")
     if (_tag(event, "method") or "").upper() != method.upper():
         raise HttpAuthError(f"authorization method tag is not {method.upper()}")
@@ -110,7 +107,7 @@ def check_http_auth(
 def verify_authorization(
     header: str,
     *,
-    hosts: frozenset[str],
+    urls: frozenset[RelayUrl],
     path: str,
     method: str,
     body: bytes,
@@ -121,7 +118,7 @@ def verify_authorization(
     """`parse_authorization` then `check_http_auth`: the authorized pubkey."""
     return check_http_auth(
         parse_authorization(header),
-        hosts=hosts,
+        urls=urls,
         path=path,
         method=method,
         body=body,

@@ -1,9 +1,11 @@
 """The ASGI application: websocket relay, NIP-11 and an HTML page at `/` (per tenant);
-`/healthz`, `/readyz` and `/metrics` on every host.
+`/healthz` and `/readyz` on every host, `/metrics` to the operator's addresses only
+(`metrics_allow`: it names every tenant's hosts and traffic).
 
-Tenants are bound from the Host header before the websocket upgrade; an unknown host gets
-a generic 404. The tenant configuration is polled from the store, so changes made with
-`engram tenant …` reach running relays within `tenant_refresh_seconds`.
+Tenants are bound from the Host header before the websocket upgrade; a Host that is not
+one (RFC 9110) gets 400, an unknown host a generic 404. The Host routes, it never tells
+who the relay is (relay.identity). The tenant configuration is polled from the store, so
+changes made with `engram tenant …` reach running relays within `tenant_refresh_seconds`.
 """
 
 from __future__ import annotations
@@ -19,15 +21,19 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from engram.nip01 import parse_public_key
 from relay import gctune, metrics, nip11, nip86, page, retention
+from relay.allowlist import Allowlist
 from relay.config import Settings
+from relay.hosts import parse_host
+from relay.identity import ordered
 from relay.pipeline import BLOCKED_ADDRESS, Relay
 from relay.store import StoreError
 from relay.tenants import TenantRegistry
-from relay.transport import client_ip, serve_websocket
+from relay.transport import client_ip, local_address, serve_websocket
 
 log = logging.getLogger("engram.relay")
 
@@ -103,6 +109,42 @@ async def purge_expired(store: object, every: float) -> None:
                 log.info("purged %d expired events", n)
 
 
+class HostCheck:
+    """RFC 9110/9112: a request whose Host is not `uri-host [":" port]`, that has several
+    Host lines, or (HTTP/1.1) none, is answered 400 before anything routes it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            why = host_problem(scope)
+            if why is not None:
+                response = PlainTextResponse(f"bad request: {why}\n", status_code=400)
+                if scope["type"] == "http":
+                    await response(scope, receive, send)
+                else:
+                    await WebSocket(scope, receive, send).send_denial_response(response)
+                return
+        await self.app(scope, receive, send)
+
+
+def host_problem(scope: Scope) -> str | None:
+    """Why the request's Host header is not acceptable, or None."""
+    hosts = [v for k, v in scope.get("headers", ()) if k == b"host"]
+    if len(hosts) > 1:
+        return "more than one Host header"
+    if not hosts:
+        return None if scope.get("http_version") == "1.0" else "no Host header"
+    try:
+        value = hosts[0].decode("ascii")
+    except UnicodeDecodeError:
+        return "the Host header is not ASCII"
+    if parse_host(value) is None:
+        return "the Host header is not a host[:port] (RFC 9110)"
+    return None
+
+
 def create_app(settings: Settings, database_url: str) -> Starlette:
     """The relay app; the store opens (and migrates) in the lifespan."""
 
@@ -140,6 +182,7 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
 
     nips = nip11.supported_nips(settings)
     operators = frozenset(parse_public_key(pk) for pk in settings.operators)
+    scrapers = Allowlist(settings.metrics_allow, "metrics_allow")
 
     async def manage(request: Request) -> Response:
         """NIP-86 management call (relay.nip86)."""
@@ -157,7 +200,7 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
         answer = await nip86.handle(
             tenant=tenant,
             operators=operators,
-            host_header=headers.get("host", ""),
+            urls=relay.identity(tenant, local_address(request)),
             path=request.url.path,
             query=request.url.query,
             content_type=headers.get("content-type", ""),
@@ -187,12 +230,10 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
                 media_type="application/nostr+json",
                 headers=_CORS,
             )
-        headers = request.headers
-        url = page.ws_url(
-            headers.get("host", ""), bool(settings.tls_cert), headers.get("x-forwarded-proto", "")
-        )
+        urls = ordered(relay.identity(tenant, local_address(request)))
         counters = metrics.counters(tenant.key, relay)
-        return HTMLResponse(page.render(tenant, url, package_version(), counters))
+        configured = bool(tenant.public_urls or relay.public_urls)
+        return HTMLResponse(page.render(tenant, urls, configured, package_version(), counters))
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok\n")
@@ -211,6 +252,13 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
         return PlainTextResponse("ready\n" + detail)
 
     async def prometheus(request: Request) -> Response:
+        ip = client_ip(request, settings.rate.trust_forwarded_for)
+        if not await scrapers.allows(ip):
+            return PlainTextResponse(
+                "forbidden: /metrics is served to the operator's addresses only"
+                " (setting metrics_allow)\n",
+                status_code=403,
+            )
         return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
 
     async def websocket(ws: WebSocket) -> None:
@@ -226,7 +274,7 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             return
         await serve_websocket(ws, relay, tenant)
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/", info, methods=["GET", "HEAD", "OPTIONS"]),
             Route("/", manage, methods=["POST"]),
@@ -237,6 +285,8 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
         ],
         lifespan=lifespan,
     )
+    app.add_middleware(HostCheck)
+    return app
 
 
 def create_app_from_env() -> Starlette:

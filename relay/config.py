@@ -61,8 +61,8 @@ class Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     restricted_writes: bool = False
     min_pow_difficulty: int = 0  # NIP-13: leading zero bits an event id must have
     # Served only to a connection AUTHed as the author or the recipient (first `p`), like
-    # engrams: NIP-04 direct messages and gift wraps (as strfry and nostream restrict
-    # them). Not a NIP-11 field: relay.nip11 leaves it out of `limitation`.
+    # engrams: NIP-04 direct messages and gift wraps (README "Private kinds"). Not a
+    # NIP-11 field: relay.nip11 leaves it out of `limitation`.
     private_kinds: list[int] = msgspec.field(default_factory=lambda: list(PRIVATE_KINDS))
 
     def __post_init__(self) -> None:
@@ -87,9 +87,24 @@ class Retention(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError("retention.batch must be at least 1")
 
 
+AUTH_CHALLENGES = ("on-connect", "when-needed")
+
+
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     port: int = 7777
+    # The URLs clients use for this relay (ws:// or wss://; env: comma-separated): NIP-42
+    # AUTH, NIP-62 and NIP-98 must name one of them (relay.identity). None: only the URL
+    # it listens on (ws://127.0.0.1:PORT, ws://localhost:PORT, the bind address). Behind
+    # a proxy, or under a domain name, set it: wss://relay.example.com
+    public_urls: list[str] = msgspec.field(default_factory=list)
+    # NIP-42: send the AUTH challenge when a connection opens, or with the first
+    # `auth-required:` answer (clients that do not speak NIP-42 then write public events
+    # undisturbed); per tenant: `engram tenant set HOST --auth-challenge …`
+    auth_challenge: str = "when-needed"
+    # Who may read /metrics (every tenant's host names and traffic): addresses, networks
+    # (CIDR) or host names of the scrapers; env: comma-separated. Loopback by default.
+    metrics_allow: list[str] = msgspec.field(default_factory=lambda: ["127.0.0.0/8", "::1"])
     database_url: str | None = None
     data_dir: str | None = None
     tls_cert: str | None = None
@@ -281,6 +296,20 @@ def _check_values(settings: Settings) -> None:
             raise ConfigError(f"operators: {exc}") from exc
     if not 0 <= settings.port <= 65535:
         raise ConfigError(f"port: expected 0-65535, got {settings.port}")
+    if settings.auth_challenge not in AUTH_CHALLENGES:
+        raise ConfigError(
+            f"auth_challenge: expected one of {', '.join(AUTH_CHALLENGES)},"
+            f" got {settings.auth_challenge!r}"
+        )
+    from relay.allowlist import parse_allowlist
+    from relay.identity import parse_public_urls
+
+    try:
+        parse_public_urls(settings.public_urls, "public_urls")
+        parse_allowlist(settings.metrics_allow, "metrics_allow")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    _check_negentropy_budget(settings)
     tables: list[tuple[str, msgspec.Struct]] = [("", settings)]
     while tables:
         prefix, table = tables.pop()
@@ -299,6 +328,23 @@ def _check_values(settings: Settings) -> None:
     ):
         if getattr(settings, name) < 1:
             raise ConfigError(f"{name}: must be at least 1, got {getattr(settings, name)}")
+
+
+def _check_negentropy_budget(settings: Settings) -> None:
+    """A NEG-OPEN reserves room for its whole set before reading it: a budget below one
+    such reservation would refuse every NEG-OPEN, silently turning NIP-77 off."""
+    from relay.negentropy import ITEM_BYTES
+
+    if settings.negentropy_max_sessions < 1:
+        return  # NIP-77 is off anyway (and not advertised)
+    reserve = (settings.negentropy_max_items + 1) * ITEM_BYTES
+    if settings.negentropy_budget_bytes < reserve:
+        raise ConfigError(
+            f"negentropy_budget_bytes ({settings.negentropy_budget_bytes}) is below what one"
+            f" NEG-OPEN reserves ((negentropy_max_items + 1) x {ITEM_BYTES} = {reserve}"
+            " bytes), so every NEG-OPEN would be refused: raise negentropy_budget_bytes,"
+            " lower negentropy_max_items, or set negentropy_max_sessions = 0 to turn NIP-77 off"
+        )
 
 
 def load_settings(

@@ -15,15 +15,18 @@ from typing import Any
 
 from engram.nip01 import Event
 from engram.nip62 import KIND_VANISH
+from engram.urls import RelayUrl
 from relay import metrics, policy, validate, wire
 from relay.bus import EventBus
 from relay.fanout import FanOut
-from relay.hosts import host_of
 from relay.session import Session
 from relay.store import EventStore, SaveResult, SaveStatus
 from relay.tenants import Tenant
 from relay.verifier import Verdict, Verifier
 from relay.wire import Reason
+
+# the URLs a tenant is known by, for a connection (None: `engram import`), relay.identity
+Identity = Callable[[Tenant, Session | None], frozenset[RelayUrl]]
 
 
 class Ingest:
@@ -36,12 +39,14 @@ class Ingest:
         bus: EventBus | None = None,
         clock: Callable[[], float] = time.time,
         verifier: Verifier | None = None,
+        identity: Identity | None = None,
     ) -> None:
         self.store = store
         self.fanouts = fanouts
         self.bus = bus
         self.clock = clock
         self.verifier = verifier
+        self.identity: Identity = identity or (lambda tenant, session: tenant.public_urls)
         self._background: set[asyncio.Future[None]] = set()
 
     def receive(
@@ -108,6 +113,8 @@ class Ingest:
     @staticmethod
     def answer(session: Session, tenant: Tenant, event: Event, ok: bool, message: str) -> None:
         metrics.event_result(tenant.key, event.kind, ok, message)
+        if not ok:
+            session.challenge_for(message)
         session.send(wire.ok(event.id, ok, message))
 
     async def admit(
@@ -134,16 +141,13 @@ class Ingest:
             session, tenant, event
         )
 
-    @staticmethod
-    def may_write(session: Session | None, tenant: Tenant, event: Event) -> str | None:
+    def may_write(self, session: Session | None, tenant: Tenant, event: Event) -> str | None:
         """Whether the tenant takes a valid event: its moderation (NIP-86), then its write
         policy (none for `engram import`, session None). A request to vanish naming this
-        relay is taken from anyone: NIP-62 binds relays whatever the author's status."""
+        relay (by one of its configured URLs, never the Host header) is taken from
+        anyone: NIP-62 binds relays whatever the author's status."""
         if event.kind == KIND_VANISH:
-            hosts = tenant.hosts
-            if not hosts and session is not None:  # the built-in tenant answers any host
-                hosts = frozenset([host_of(session.host)])
-            return policy.check_vanish(event, hosts)
+            return policy.check_vanish(event, self.identity(tenant, session))
         why = policy.check_moderated(event, tenant)
         if why is None and session is not None:
             why = policy.check_write(event, session.authed, session.admitted, tenant)

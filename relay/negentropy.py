@@ -87,6 +87,7 @@ class NegentropyService:
             return
         why = policy.check_read(f, session.authed, tenant)
         if why:
+            session.challenge_for(why)
             session.send(wire.neg_err(sub_id, why))
             return
         cap = self.settings.negentropy_max_sessions

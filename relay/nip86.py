@@ -3,7 +3,11 @@
 `POST` to the relay's own URL with `Content-Type: application/nostr+json+rpc` and a body
 `{"method": …, "params": […]}`, answered `{"result": …}` or `{"result": null, "error":
 …}`. Each call is authorized by a NIP-98 event (engram.nip98) from an operator (settings
-`operators`: every tenant) or an admin of the tenant the Host header names. Moderation
+`operators`: every tenant) or an admin of the tenant the Host header names; its `u` must
+name one of that tenant's configured URLs (relay.identity: never the Host header), and a
+token is good for one call (its id is remembered relay-wide until its window passed).
+`allowpubkey` acts on members-only tenants: on an open one it is refused, naming the
+setting that makes a tenant members-only (README "Managing a relay"). Moderation
 state is the one `engram tenant` reads and writes (relay.store.moderation); a change is
 applied to this node at once and to every other node at its next configuration poll.
 
@@ -20,8 +24,8 @@ import msgspec
 
 from engram.errors import KeyFormatError
 from engram.nip01 import is_hex, parse_public_key
-from engram.nip98 import HttpAuthError, verify_authorization
-from relay.hosts import host_of
+from engram.nip98 import WINDOW_SECONDS, HttpAuthError, check_http_auth, parse_authorization
+from engram.urls import RelayUrl
 from relay.moderation import normalize_ip
 from relay.store import DEFAULT_TENANT, StoreError
 from relay.store import moderation as m
@@ -128,6 +132,7 @@ class Call(msgspec.Struct, frozen=True):
     tenant: str
     params: list[Any]
     run: Admin
+    members_only: bool = False  # the tenant's write policy (`allowpubkey` needs it)
 
     async def on(self, action: Callable[[Any, Any], Awaitable[Any]]) -> Any:
         return await self.run(self.tenant, action)
@@ -164,6 +169,16 @@ async def _listbannedpubkeys(c: Call) -> list[dict[str, str]]:
 
 async def _allowpubkey(c: Call) -> bool:
     pk = _pubkey(c.params)
+    if not c.members_only:
+        # Allowing on an open tenant would change nothing anyone can see; turning the
+        # tenant members-only as a side effect would lock out every other writer. The
+        # write policy is the operator's own, visible decision.
+        raise CallError(
+            400,
+            f"{c.tenant} is open: everyone may publish, so allowing a pubkey changes"
+            f" nothing. Make it members-only first (`engram tenant set {c.tenant} --write"
+            " members`), then allow its members.",
+        )
     await c.on(lambda ctl, ev: m.allow_pubkey(ctl, c.tenant, pk))
     return True
 
@@ -302,7 +317,7 @@ async def handle(
     *,
     tenant: Tenant,
     operators: frozenset[str],
-    host_header: str,
+    urls: frozenset[RelayUrl],
     path: str,
     query: str,
     content_type: str,
@@ -313,20 +328,28 @@ async def handle(
     refresh: Callable[[], Awaitable[None]],
 ) -> Answer:
     """One management call, from the request's facts to the answer. Nothing is changed
-    unless the caller is authorized and the call is well-formed."""
+    unless the caller is authorized and the call is well-formed. `urls`: the tenant's own
+    (relay.identity.tenant_urls)."""
     if content_type.split(";")[0].strip().lower() != CONTENT_TYPE:
         return _error(415, f"Content-Type must be {CONTENT_TYPE}")
     if len(body) > MAX_BODY:
         return _error(413, f"request body larger than {MAX_BODY} bytes")
-    hosts = tenant.hosts or frozenset([host_of(host_header)])
     try:
-        caller = verify_authorization(
-            authorization, hosts=hosts, path=path, query=query, method="POST", body=body, now=now
+        token = parse_authorization(authorization)
+        caller = check_http_auth(
+            token, urls=urls, path=path, query=query, method="POST", body=body, now=now
         )
     except HttpAuthError as exc:
         return _error(401, f"unauthorized: {exc}")
     if caller not in operators and caller not in tenant.admins:
         return _error(401, "unauthorized: this pubkey does not administer this relay")
+    expires = token.created_at + WINDOW_SECONDS
+    try:
+        fresh = await run(tenant.key, lambda ctl, ev: m.use_token(ctl, token.id, expires, now))
+    except StoreError as exc:
+        return _error(500, str(exc))
+    if not fresh:
+        return _error(401, "unauthorized: this authorization (NIP-98) was already used")
     try:
         request = msgspec.json.decode(body, type=_Request)
     except msgspec.ValidationError as exc:
@@ -340,7 +363,7 @@ async def handle(
         return _ok(supported)
     handler, _ = METHODS[request.method]
     try:
-        result = await handler(Call(tenant.key, request.params, run))
+        result = await handler(Call(tenant.key, request.params, run, tenant.members_only))
     except CallError as exc:
         return _error(exc.status, str(exc))
     except StoreError as exc:

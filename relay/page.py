@@ -21,12 +21,6 @@ _STYLE = (
 )
 
 
-def ws_url(host: str, tls: bool, forwarded_proto: str = "") -> str:
-    """The websocket URL a client should use, from the request's Host header."""
-    secure = tls or forwarded_proto.split(",")[0].strip().lower() == "https"
-    return f"{'wss' if secure else 'ws'}://{host or '127.0.0.1'}"
-
-
 def _rows(items: list[tuple[str, object]]) -> str:
     return "\n".join(
         f"<tr><th>{escape(str(k))}</th><td>{escape(_show(v))}</td></tr>" for k, v in items
@@ -39,8 +33,26 @@ def _show(value: object) -> str:
     return str(value)
 
 
-def render(tenant: Tenant, url: str, version: str, counters: dict[str, int]) -> str:
-    """The page for one tenant."""
+def _connect(urls: list[str], configured: bool) -> str:
+    """Where to connect: the tenant's URLs (relay.identity), never the Host header's."""
+    first, others = urls[0], urls[1:]
+    text = f"<p>A Nostr relay. Connect a Nostr client to <code>{escape(first)}</code>"
+    if others:
+        text += " (also " + ", ".join(f"<code>{escape(u)}</code>" for u in others) + ")"
+    text += "</p>"
+    if not configured:
+        text += (
+            "<p>No public URL is configured: NIP-42 AUTH is accepted only for the URLs above."
+            " The operator sets the URL clients use with <code>--public-url</code>.</p>"
+        )
+    return text
+
+
+def render(
+    tenant: Tenant, urls: list[str], configured: bool, version: str, counters: dict[str, int]
+) -> str:
+    """The page for one tenant: `urls` are the ones it is known by (first shown first),
+    `configured` whether they come from a public URL setting."""
     name = escape(tenant.name)
     nips = ", ".join(
         f'<a href="https://github.com/nostr-protocol/nips/blob/master/{n:02d}.md">{n:02d}</a>'
@@ -64,7 +76,7 @@ def render(tenant: Tenant, url: str, version: str, counters: dict[str, int]) -> 
 <body>
 <h1>{name}</h1>
 <p>{escape(tenant.description)}</p>
-<p>A Nostr relay. Connect a Nostr client to <code>{escape(url)}</code></p>
+{_connect(urls, configured)}
 <h2>Relay</h2>
 <table>
 {_rows(about)}

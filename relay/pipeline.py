@@ -15,12 +15,13 @@ from typing import Any
 import msgspec
 
 from engram.nip01 import Event
+from engram.urls import RelayUrl
 from relay import metrics, policy, wire
 from relay.bus import EventBus
 from relay.config import Limits, Settings
 from relay.fanout import FanOut
 from relay.filters import Filter, FilterError, parse_filter, restrict_search, value_count
-from relay.hosts import host_of
+from relay.identity import listen_urls, parse_public_urls, tenant_urls
 from relay.ingest import Ingest
 from relay.negentropy import NegentropyService
 from relay.ratelimit import ConnectionAllowance, RateLimiter
@@ -63,9 +64,21 @@ class Relay:
                 verifier = ProcessVerifier()
             elif settings.verify_threads:
                 verifier = BatchVerifier(settings.verify_threads)
-        self.ingest = Ingest(store, self.fanouts, bus, clock, verifier)
+        # who this relay is (relay.identity): configured, never from a Host header
+        self.public_urls = parse_public_urls(settings.public_urls, "public_urls")
+        self.ingest = Ingest(store, self.fanouts, bus, clock, verifier, self.session_identity)
         self.receive_event = self.ingest.receive
         self.negentropy = NegentropyService(settings, store)
+
+    def identity(self, tenant: Tenant, local: tuple[str, int] | None) -> frozenset[RelayUrl]:
+        """The URLs `tenant` is known by, for a client that reached the relay's socket
+        at `local` (relay.identity)."""
+        s = self.settings
+        listen = listen_urls(bool(s.tls_cert), s.host, s.port, local)
+        return tenant_urls(tenant, self.public_urls, listen)
+
+    def session_identity(self, tenant: Tenant, session: Session | None) -> frozenset[RelayUrl]:
+        return self.identity(tenant, session.local if session is not None else None)
 
     def tenant_of(self, session: Session) -> Tenant:
         """The session's tenant as currently configured (members and limits change live)."""
@@ -207,6 +220,7 @@ class Relay:
         for f in filters:
             why = policy.check_read(f, session.authed, tenant)
             if why:
+                session.challenge_for(why)
                 return wire.closed(sub_id, why)
             restrict_search(f, self.search_kinds)
         return filters
@@ -312,11 +326,18 @@ class Relay:
     # -- AUTH -------------------------------------------------------------------
 
     def authenticate(self, session: Session, tenant: Tenant, event: Event) -> bytes:
-        hosts = tenant.hosts or frozenset([host_of(session.host)])
+        """NIP-42: the AUTH must name one of the tenant's configured URLs (a relay in the
+        middle cannot pass on an AUTH its victim signed for it); an AUTH sent before the
+        challenge was (`when-needed`) is answered with it."""
         why = policy.check_auth_event(
-            event, session.challenge, hosts, int(self.clock()), self.settings.auth_window_seconds
+            event,
+            session.challenge,
+            self.session_identity(tenant, session),
+            int(self.clock()),
+            self.settings.auth_window_seconds,
         )
         if why:
+            session.challenge_for(why)
             return wire.ok(event.id, False, why)
         admitted, why = policy.admit_agent(event, tenant)
         if why:

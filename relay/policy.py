@@ -16,10 +16,11 @@ from engram.nip62 import names_relay
 from engram.nip70 import is_protected
 from engram.nipoa import AUTH_TAG, Clause, clauses_allow, event_attestation, verify_auth_tag
 from engram.readers import asks_only_own, parties
+from engram.urls import RelayUrl, parse_relay_url
 from relay import moderation
 from relay.config import KIND_AUTH, KIND_ENGRAM, Limits
 from relay.filters import Filter
-from relay.hosts import host_of
+from relay.identity import ordered
 from relay.tenants import Tenant
 from relay.wire import Reason
 
@@ -32,10 +33,11 @@ def _tag(event: Event, name: str) -> str | None:
 
 
 def check_auth_event(
-    event: Event, challenge: str, hosts: frozenset[str], now: int, window: int
+    event: Event, challenge: str, urls: frozenset[RelayUrl], now: int, window: int
 ) -> str | None:
-    """NIP-42: kind 22242, our challenge, a relay tag naming one of the tenant's hosts,
-    recent, signed. An AUTH made for another tenant names another host and fails here."""
+    """NIP-42: kind 22242, our challenge, a relay tag naming one of the tenant's URLs
+    (relay.identity), recent, signed. An AUTH made for another relay or tenant (a relay
+    in the middle forwarding our challenge to its own victims) names another URL."""
     if event.kind != KIND_AUTH:
         return Reason.INVALID("AUTH event must be kind 22242")
     if _tag(event, "challenge") != challenge:
@@ -43,8 +45,12 @@ def check_auth_event(
     relay = _tag(event, "relay")
     if relay is None:
         return Reason.AUTH_REQUIRED("AUTH event has no relay tag")
-    if host_of(relay) not in hosts:
-        return Reason.AUTH_REQUIRED("AUTH relay tag names another relay")
+    if parse_relay_url(relay) not in urls:
+        known = ordered(urls)
+        return Reason.AUTH_REQUIRED(
+            f"AUTH relay tag names another relay: this one is {', '.join(known[:3])}"
+            + (" …" if len(known) > 3 else "")
+        )
     if abs(event.created_at - now) > window:
         return Reason.AUTH_REQUIRED(f"AUTH created_at is more than {window} seconds off")
     if not verify_event(event):
@@ -119,10 +125,10 @@ def check_moderated(event: Event, tenant: Tenant) -> str | None:
     return moderation.check_event(event, tenant.moderation)
 
 
-def check_vanish(event: Event, hosts: frozenset[str]) -> str | None:
-    """NIP-62: a request to vanish is taken only when it names this relay (one of
-    `hosts`) or ALL_RELAYS; the store then applies it (relay.store.sql VANISH)."""
-    if names_relay(event, hosts):
+def check_vanish(event: Event, urls: frozenset[RelayUrl]) -> str | None:
+    """NIP-62: a request to vanish is taken only when it names this relay (one of its
+    `urls`, relay.identity) or ALL_RELAYS; the store then applies it (relay.store.sql)."""
+    if names_relay(event, urls):
         return None
     return Reason.INVALID("this request to vanish (NIP-62) does not name this relay")
 

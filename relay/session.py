@@ -1,5 +1,10 @@
 """Per-connection state: identity (NIP-42), the AUTH challenge, and the way out.
 
+The challenge goes out once: when the connection opens (`auth_challenge = "on-connect"`)
+or with the first `auth-required:` answer (`"when-needed"`, `challenge_for`), so that a
+client that does not speak NIP-42 never sees an AUTH frame it could take for the answer
+to its first EVENT.
+
 Transport-agnostic: the transport passes in `send` (non-blocking, enqueue or drop the
 connection), `send_wait` (await room in the connection's bounded queue) and `offer`
 (send_wait's synchronous fast path: False when it would have to wait).
@@ -12,11 +17,14 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from engram.nipoa import Clause
+from relay import wire
 from relay.ratelimit import ConnectionAllowance
 from relay.tenants import Tenant
 
 if TYPE_CHECKING:
     from relay.readgate import Slots
+
+AUTH_REQUIRED = wire.Reason.AUTH_REQUIRED + ":"
 
 
 class Session:
@@ -29,10 +37,12 @@ class Session:
         "allowance",
         "authed",
         "challenge",
+        "challenged",
         "closed",
         "host",
         "in_flight",
         "ip",
+        "local",
         "negentropy",
         "on_event_done",
         "reads",
@@ -51,9 +61,14 @@ class Session:
         allowance: ConnectionAllowance | None = None,
         *,
         offer_all: Callable[[list[bytes], int], int] | None = None,
+        local: tuple[str, int] | None = None,
     ) -> None:
         self.challenge = challenge
+        self.challenged = False  # the challenge was sent
         self.host = host
+        # the address and port this connection reached on the relay (the socket's own,
+        # never a header): which of its listening URLs it used (relay.identity)
+        self.local = local
         self.tenant = tenant
         self.ip = ip
         self.allowance = allowance  # rate-limit buckets (None: unlimited, e.g. tests)
@@ -77,6 +92,18 @@ class Session:
         self.in_flight -= 1
         if self.on_event_done is not None:
             self.on_event_done()
+
+    def send_challenge(self) -> None:
+        """The AUTH challenge, once per connection."""
+        if not self.challenged:
+            self.challenged = True
+            self.send(wire.auth_challenge(self.challenge))
+
+    def challenge_for(self, reason: str) -> None:
+        """Before an answer refusing with `reason`: an `auth-required:` one comes with the
+        challenge if it was not sent yet (NIP-42 lets a relay send it at any time)."""
+        if not self.challenged and reason.startswith(AUTH_REQUIRED):
+            self.send_challenge()
 
     def send(self, frame: bytes) -> None:
         """Non-blocking: replies and live events; a full queue disconnects the reader."""

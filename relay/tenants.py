@@ -11,8 +11,10 @@ from typing import Any
 
 import msgspec
 
-from relay.config import Limits, Settings, private_set
-from relay.hosts import host_of
+from engram.urls import RelayUrl
+from relay.config import AUTH_CHALLENGES, Limits, Settings, private_set
+from relay.hosts import host_key
+from relay.identity import parse_public_urls
 from relay.moderation import NONE, Moderation
 from relay.store import DEFAULT_TENANT
 
@@ -35,6 +37,9 @@ class TenantConfig(msgspec.Struct, kw_only=True):
     members: list[str] = msgspec.field(default_factory=list)
     admins: list[str] = msgspec.field(default_factory=list)  # NIP-86 callers for this tenant
     database_url: str | None = None  # the tenant's own database (None: the relay's)
+    # the URLs clients use for it (relay.identity); none: its hosts at the relay's
+    public_urls: list[str] = msgspec.field(default_factory=list)
+    auth_challenge: str | None = None  # on-connect | when-needed (None: the relay's setting)
 
 
 class Tenant(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,6 +60,8 @@ class Tenant(msgspec.Struct, frozen=True, kw_only=True):
     private_kinds: frozenset[int]
     admins: frozenset[str] = frozenset()
     moderation: Moderation = NONE
+    public_urls: frozenset[RelayUrl] = frozenset()  # its own (relay.identity.tenant_urls)
+    auth_challenge: str = "when-needed"  # relay.config.AUTH_CHALLENGES
 
     def is_member(self, pubkey: str) -> bool:
         return pubkey in self.members
@@ -91,7 +98,26 @@ def default_tenant(settings: Settings) -> Tenant:
         members=frozenset(),
         limits=settings.limits,
         private_kinds=private_set(settings.limits.private_kinds),
+        auth_challenge=settings.auth_challenge,
     )
+
+
+def check_identity(cfg: TenantConfig) -> frozenset[RelayUrl]:
+    """The tenant's public URLs, parsed: each on one of its own hosts (the Host header
+    routes a client to it), else ValueError; and its AUTH challenge setting."""
+    urls = parse_public_urls(cfg.public_urls, f"tenant {cfg.host}: public URL")
+    hosts = {cfg.host, *cfg.aliases}
+    for url in urls:
+        if url.host not in hosts:
+            raise ValueError(
+                f"tenant {cfg.host}: public URL {url} is not on one of its hosts"
+                f" ({', '.join(sorted(hosts))}); add the host as an alias first"
+            )
+    if cfg.auth_challenge is not None and cfg.auth_challenge not in AUTH_CHALLENGES:
+        raise ValueError(
+            f"tenant {cfg.host}: auth_challenge must be one of {', '.join(AUTH_CHALLENGES)}"
+        )
+    return urls
 
 
 def build_tenant(cfg: TenantConfig, settings: Settings) -> Tenant:
@@ -116,6 +142,8 @@ def build_tenant(cfg: TenantConfig, settings: Settings) -> Tenant:
         limits=limits,
         private_kinds=private_set(limits.private_kinds),
         admins=frozenset(cfg.admins),
+        public_urls=check_identity(cfg),
+        auth_challenge=cfg.auth_challenge or settings.auth_challenge,
     )
 
 
@@ -177,4 +205,4 @@ class TenantRegistry:
         """The tenant for a Host header; None means "unknown host" (answer 404)."""
         if not self._by_host:
             return self.default
-        return self._by_host.get(host_of(host_header))
+        return self._by_host.get(host_key(host_header))

@@ -17,6 +17,7 @@ import secrets
 from collections.abc import Coroutine
 from typing import Any
 
+from starlette.requests import HTTPConnection
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket
 
@@ -108,7 +109,7 @@ class Connection(OutputQueue):
             self.direct.abort()
 
 
-def client_ip(ws: WebSocket, trust_forwarded_for: bool) -> str:
+def client_ip(ws: HTTPConnection, trust_forwarded_for: bool) -> str:
     """The peer address; behind a trusted proxy, the last X-Forwarded-For entry: the one
     the proxy appended (earlier entries come from the client and could be anything)."""
     if trust_forwarded_for:
@@ -116,6 +117,14 @@ def client_ip(ws: WebSocket, trust_forwarded_for: bool) -> str:
         if forwarded:
             return forwarded.rsplit(",", 1)[-1].strip()
     return ws.client.host if ws.client else ""
+
+
+def local_address(ws: HTTPConnection) -> tuple[str, int] | None:
+    """The relay's own address and port that the connection reached (ASGI `server`)."""
+    server = ws.scope.get("server")
+    if not server or server[1] is None:
+        return None
+    return str(server[0]), int(server[1])
 
 
 async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
@@ -142,6 +151,7 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
         ip,
         allowance,
         offer_all=conn.offer_all,
+        local=local_address(ws),
     )
     allowance.address.sessions.add(session)
     writer = asyncio.create_task(conn.writer())
@@ -243,7 +253,8 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
             return None
         return gone
 
-    session.send(wire.auth_challenge(session.challenge))
+    if tenant.auth_challenge == "on-connect":
+        session.send_challenge()
     reader: asyncio.Future[None] = receive_direct() or asyncio.create_task(read())
     metrics.connection_opened(tenant.key)
     try:

@@ -19,20 +19,31 @@ OPEN_TIMEOUT = 60.0  # websockets' default (10 s) is too short for 100 handshake
 
 
 class Client:
+    """A NIP-42 challenge is remembered whenever it comes (on connect, or with the first
+    `auth-required:` answer: the relay's `auth_challenge`); AUTH frames are not returned."""
+
     def __init__(self, ws: Any) -> None:
         self.ws = ws
         self.challenge: str | None = None
+        self.challenges = 0  # AUTH frames received
         self.backlog: list[list[Any]] = []
 
     @classmethod
     async def connect(cls, url: str, **kw: Any) -> Client:
         kw.setdefault("open_timeout", OPEN_TIMEOUT)
         ws = await websockets.connect(url, max_size=None, **kw)
-        c = cls(ws)
-        first = await c.recv()
-        assert first[0] == "AUTH", first
-        c.challenge = first[1]
-        return c
+        return cls(ws)
+
+    async def get_challenge(self) -> str:
+        """The relay's challenge. Not sent yet (`when-needed`): an AUTH before it is refused
+        `auth-required:` and answered with it, as any auth-required answer is."""
+        if self.challenge is None:
+            probe = sign_event(bytes(31) + b"\x01", 0, 22242, [], "", bytes(32))
+            await self.send(["AUTH", probe])
+            ok = await self.expect("OK")
+            assert ok[1] == probe.id and ok[3].startswith("auth-required:"), ok
+        assert self.challenge is not None, "the relay did not send its challenge"
+        return self.challenge
 
     async def close(self) -> None:
         await self.ws.close()
@@ -50,7 +61,13 @@ class Client:
         await self.ws.send(msgspec.json.encode(msg).decode())
 
     async def _next(self, timeout: float = TIMEOUT) -> list[Any]:
-        return msgspec.json.decode(await asyncio.wait_for(self.ws.recv(), timeout))
+        while True:
+            msg = msgspec.json.decode(await asyncio.wait_for(self.ws.recv(), timeout))
+            if msg and msg[0] == "AUTH" and len(msg) > 1 and isinstance(msg[1], str):
+                self.challenge = msg[1]
+                self.challenges += 1
+                continue
+            return msg
 
     async def recv(self, timeout: float = TIMEOUT) -> list[Any]:
         """The next message: kept-aside ones first, then the socket."""
@@ -104,12 +121,12 @@ class Client:
         return oks
 
     async def auth(self, seckey: bytes, relay_url: str, now: int) -> list[Any]:
-        assert self.challenge
+        challenge = await self.get_challenge()
         ev = sign_event(
             seckey,
             now,
             22242,
-            [["relay", relay_url], ["challenge", self.challenge]],
+            [["relay", relay_url], ["challenge", challenge]],
             "",
             bytes(32),
         )

@@ -67,7 +67,12 @@ async def test_request_to_vanish(nodes, start_relay):
     assert ok[2] is False and ok[3].startswith("invalid:") and "name this relay" in ok[3]
     assert len(await query(n1.port, "a.test", {"authors": [leaver]})) == 4
 
-    request = vanish_request(LEAVER, [f"wss://a.test:{n1.port}/", "wss://elsewhere.test"], now)
+    # its URL on this relay's scheme and port (with no public URL configured: the port it
+    # listens on); the same host on another scheme or port is another relay
+    for elsewhere in (f"wss://a.test:{n1.port}", "ws://a.test", "wss://a.test"):
+        ok = (await published(n1.port, "a.test", vanish_request(LEAVER, [elsewhere], now)))[0]
+        assert ok[2] is False and "name this relay" in ok[3], (elsewhere, ok)
+    request = vanish_request(LEAVER, [f"ws://a.test:{n1.port}/", "wss://elsewhere.test"], now)
     assert (await published(n1.port, "a.test", request))[0] == ["OK", request.id, True, ""]
 
     for node in (n1, n2):
@@ -162,7 +167,7 @@ async def test_a_restricted_tenant_takes_the_request_from_anyone(relay):
     try:
         ok = await c.publish(ev(LEAVER, content="not a member"))
         assert ok[2] is False and ok[3].startswith("auth-required:")
-        request = vanish_request(LEAVER, ["wss://closed.test"], now)
+        request = vanish_request(LEAVER, [f"ws://closed.test:{relay.port}"], now)
         assert (await c.publish(request))[2] is True
     finally:
         await c.close()

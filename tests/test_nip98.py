@@ -14,11 +14,12 @@ from engram.nip01 import Event, sign_event
 from engram.nip56 import reported_events
 from engram.nip62 import names_relay
 from engram.nip98 import HttpAuthError, parse_authorization, verify_authorization
+from engram.urls import RelayUrl, parse_relay_url
 
 NOW = 1_750_000_000
 KEYS = Keys.parse("11" * 32)
 BODY = b'{"method":"supportedmethods","params":[]}'
-HOSTS = frozenset({"relay.example"})
+URLS = frozenset({RelayUrl(True, "relay.example", 443, "")})  # wss://relay.example
 
 
 def header(
@@ -41,15 +42,40 @@ def header(
 
 
 def verify(value: str, body: bytes = BODY, now: int = NOW) -> str:
-    return verify_authorization(value, hosts=HOSTS, path="/", method="POST", body=body, now=now)
+    return verify_authorization(value, urls=URLS, path="/", method="POST", body=body, now=now)
 
 
 def test_a_good_authorization_names_its_signer() -> None:
     assert verify(header()) == KEYS.public_key().to_hex()
-    # scheme and port aside: a TLS proxy makes https look like http, clients send wss
-    for url in ("http://relay.example", "wss://relay.example:443/", "ws://RELAY.example/"):
+    # https is wss seen from HTTP; the default port and a trailing slash change nothing
+    for url in ("https://relay.example", "wss://relay.example:443/", "https://RELAY.example./"):
         assert verify(header(url=url)) == KEYS.public_key().to_hex()
     assert verify(header(created_at=NOW - 60)) == KEYS.public_key().to_hex()
+
+
+def test_the_relay_url_is_compared_by_scheme_host_port_and_path() -> None:
+    """A token made for this relay's host on another scheme or port is for another relay
+    (one that may well be an attacker's: a page on http://relay.example:8080)."""
+    for url in ("http://relay.example/", "ws://relay.example", "https://relay.example:8443/"):
+        with pytest.raises(HttpAuthError, match="u tag"):
+            verify(header(url=url))
+    # a relay served under a path (behind a proxy): the path is part of its URL
+    under = frozenset({RelayUrl(True, "relay.example", 443, "/nostr")})
+    value = header(url="https://relay.example/nostr")
+    pubkey = verify_authorization(value, urls=under, path="/", method="POST", body=BODY, now=NOW)
+    assert pubkey == KEYS.public_key().to_hex()
+    with pytest.raises(HttpAuthError, match="u tag"):
+        verify_authorization(header(), urls=under, path="/", method="POST", body=BODY, now=NOW)
+
+
+def test_relay_urls_normalize() -> None:
+    same = ("wss://Relay.Example:443/", "wss://relay.example", "https://relay.example/")
+    assert {parse_relay_url(u) for u in same} == {RelayUrl(True, "relay.example", 443, "")}
+    assert parse_relay_url("ws://[0:0::1]:7777") == RelayUrl(False, "::1", 7777, "")
+    assert str(RelayUrl(False, "::1", 7777, "")) == "ws://[::1]:7777"
+    for bad in ("ftp://relay.example", "wss://", "relay.example", "wss://a@relay.example",
+                "wss://relay.example:99999"):
+        assert parse_relay_url(bad) is None, bad
 
 
 @pytest.mark.parametrize(
@@ -107,13 +133,15 @@ def _event(kind: int, tags: list[list[str]], content: str = "") -> Event:
     return sign_event(bytes.fromhex("22" * 32), NOW, kind, tags, content, bytes(32))
 
 
-def test_a_request_to_vanish_names_relays_by_host_or_all() -> None:
-    hosts = frozenset({"a.test"})
-    assert names_relay(_event(62, [["relay", "wss://a.test"]]), hosts)
-    assert names_relay(_event(62, [["relay", "wss://A.test:7777/"]]), hosts)
-    assert names_relay(_event(62, [["relay", "ALL_RELAYS"]]), hosts)
-    assert not names_relay(_event(62, [["relay", "wss://b.test"]]), hosts)
-    assert not names_relay(_event(62, []), hosts)
+def test_a_request_to_vanish_names_relays_by_url_or_all() -> None:
+    urls = frozenset({RelayUrl(True, "a.test", 443, ""), RelayUrl(False, "a.test", 7777, "")})
+    assert names_relay(_event(62, [["relay", "wss://a.test"]]), urls)
+    assert names_relay(_event(62, [["relay", "ws://A.test:7777/"]]), urls)
+    assert names_relay(_event(62, [["relay", "ALL_RELAYS"]]), urls)
+    assert not names_relay(_event(62, [["relay", "wss://b.test"]]), urls)
+    assert not names_relay(_event(62, [["relay", "wss://a.test:7777"]]), urls)  # other scheme
+    assert not names_relay(_event(62, [["relay", "ws://a.test:7778"]]), urls)  # other port
+    assert not names_relay(_event(62, []), urls)
 
 
 def test_reports_point_at_events_with_a_reason() -> None:

@@ -374,9 +374,12 @@ async def test_auth_rules(shared_relay):
             await c.send(["AUTH", e])
             return await c.expect("OK")
 
-        good_tags = [["relay", shared_relay.url], ["challenge", c.challenge]]
+        # not challenged yet (auth_challenge "when-needed"): the refusal brings the challenge
+        assert c.challenge is None
         ok = await try_auth([["relay", shared_relay.url], ["challenge", "nope"]])
         assert ok[2] is False and ok[3].startswith("auth-required:") and "challenge" in ok[3]
+        assert c.challenge is not None and c.challenges == 1
+        good_tags = [["relay", shared_relay.url], ["challenge", c.challenge]]
         ok = await try_auth([["relay", "wss://elsewhere.example"], ["challenge", c.challenge]])
         assert ok[2] is False and ok[3].startswith("auth-required:") and "relay" in ok[3]
         ok = await try_auth(good_tags, created_at=now - 3600)
@@ -393,6 +396,7 @@ async def test_auth_rules(shared_relay):
         # AUTH events are not accepted as EVENTs
         ok = await c.publish(sign_event(sk, now, 22242, good_tags, "", AUX))
         assert ok[2] is False and ok[3].startswith("invalid:")
+        assert c.challenges == 1  # the challenge comes once per connection
 
 
 async def test_engram_vectors_and_read_gate(shared_relay):

@@ -303,3 +303,18 @@ async def sweep(events: Conn, tenant: str, pubkeys: list[str], event_ids: list[s
         )
         deleted += _count(status)
     return deleted
+
+
+async def use_token(control: Conn, event_id: str, expires_at: int, now: int) -> bool:
+    """NIP-98: spend a management token (its event id) until `expires_at`; False when it
+    was already used. Expired ones are forgotten on the way, so the table holds only the
+    tokens of the last window, whichever node took them."""
+    async with control.transaction():
+        await control.execute("DELETE FROM nip98_used WHERE expires_at < $1", now)
+        return bool(
+            await control.fetchval(
+                "INSERT INTO nip98_used VALUES ($1, $2) ON CONFLICT (id) DO NOTHING RETURNING true",
+                event_id,
+                expires_at,
+            )
+        )

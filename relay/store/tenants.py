@@ -26,6 +26,8 @@ _COLUMNS = (
     "write_policy",
     "auth_required",
     "database_url",
+    "public_urls",
+    "auth_challenge",
 )
 
 
@@ -53,7 +55,7 @@ async def load_tenants(
     return [
         TenantConfig(
             host=r["host"],
-            **{c: r[c] for c in _COLUMNS},
+            **{c: list(r[c]) if c == "public_urls" else r[c] for c in _COLUMNS},
             limits=json.loads(r["limits"]),
             aliases=list(r["aliases"]),
             members=list(r["members"]),
@@ -81,9 +83,8 @@ async def host_taken(conn: asyncpg.Connection, host: str) -> bool:
 async def add_tenant(conn: asyncpg.Connection, cfg: TenantConfig) -> None:
     async with conn.transaction():
         await conn.execute(
-            "INSERT INTO tenants (host, name, description, pubkey, contact, icon,"
-            " write_policy, auth_required, database_url, limits)"
-            " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)",
+            f"INSERT INTO tenants (host, {', '.join(_COLUMNS)}, limits)"
+            f" VALUES ({', '.join(f'${i}' for i in range(1, len(_COLUMNS) + 3))})",
             cfg.host,
             *(getattr(cfg, c) for c in _COLUMNS),
             json.dumps(cfg.limits),

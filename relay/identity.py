@@ -1,0 +1,90 @@
+"""Who the relay is: the URLs a NIP-42 AUTH, a NIP-62 request to vanish and a NIP-98
+token must name to be taken here.
+
+From configuration only, never from what a client says (its Host header routes it to a
+tenant, nothing more):
+- a tenant's own public URLs (`engram tenant set HOST --public-url …`);
+- else its host names at the scheme, port and path of the relay's public URLs
+  (`public_urls`, `--public-url`), which the built-in tenant answers as they are;
+- with no public URL configured, the URLs the relay actually listens on: its port on
+  127.0.0.1, localhost, [::1], the bind address, and the local address a connection
+  reached (a socket fact, not a header); wss:// when it serves TLS itself.
+Pure: the transport passes the connection's local address in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from engram.urls import RelayUrl, normalize_host, parse_relay_url
+
+if TYPE_CHECKING:
+    from relay.tenants import Tenant
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+WILDCARD_BINDS = ("", "0.0.0.0", "::")
+
+
+def parse_public_urls(urls: Iterable[str], setting: str) -> frozenset[RelayUrl]:
+    """Configured public URLs, normalized; ValueError naming `setting` for one that is not
+    a ws:// or wss:// URL with a host (and nothing after its path)."""
+    out = set()
+    for raw in urls:
+        parsed = parse_relay_url(raw)
+        scheme = raw.strip().split(":", 1)[0].lower()
+        if parsed is None or scheme not in ("ws", "wss") or any(c in raw for c in "?#"):
+            raise ValueError(
+                f"{setting}: {raw!r} is not a relay URL (ws://HOST[:PORT][/PATH] or"
+                " wss://HOST[:PORT][/PATH])"
+            )
+        out.add(parsed)
+    return frozenset(out)
+
+
+def listen_urls(
+    secure: bool, bind: str, port: int, local: tuple[str, int] | None = None
+) -> frozenset[RelayUrl]:
+    """The URLs of the socket the relay listens on: loopback names, the bind address,
+    and `local`, the address and port a connection actually reached (the port too,
+    when the relay was started on port 0)."""
+    if local is not None:
+        port = local[1]
+    hosts = set(LOOPBACK_NAMES)
+    if bind not in WILDCARD_BINDS:
+        hosts.add(bind)
+    if local is not None and local[0]:
+        hosts.add(local[0])
+    return frozenset(RelayUrl(secure, normalize_host(h), port, "") for h in hosts)
+
+
+def tenant_urls(
+    tenant: Tenant, public: frozenset[RelayUrl], listen: frozenset[RelayUrl]
+) -> frozenset[RelayUrl]:
+    """The URLs `tenant` is known by (see the module docstring for the order)."""
+    if tenant.public_urls:
+        return tenant.public_urls
+    bases = public or listen
+    if not tenant.hosts:  # the built-in tenant of a relay without tenants
+        return bases
+    return frozenset(b.with_host(h) for b in bases for h in tenant.hosts)
+
+
+def ordered(urls: Iterable[RelayUrl]) -> list[str]:
+    """URLs as text, the way to show them: secure first, then names before addresses."""
+    return sorted(
+        map(str, set(urls)), key=lambda u: (not u.startswith("wss"), u[u.find("//") + 2] == "[", u)
+    )
+
+
+def startup_note(public: frozenset[RelayUrl], listen: frozenset[RelayUrl]) -> str | None:
+    """What the operator reads once at start-up when no public URL is configured."""
+    if public:
+        return None
+    return (
+        "no public URL is configured: NIP-42 AUTH, NIP-62 and NIP-98 are accepted only for "
+        + ", ".join(ordered(listen))
+        + ". Clients that reach this relay by another name (a domain, behind a proxy that"
+        " terminates TLS) must be named: --public-url wss://relay.example.com (repeatable;"
+        " ENGRAM_PUBLIC_URLS, or public_urls in the config file)"
+    )
