@@ -63,6 +63,23 @@ OwnDatabaseOpt = Annotated[
         " here). --database-url stays the relay's database, where tenants are configured.",
     ),
 ]
+PublicUrlOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--public-url",
+        help="A URL clients use for this tenant (wss://HOST on one of its hosts): NIP-42"
+        " AUTH, NIP-62 and NIP-98 must name one. Repeatable; `set` replaces the list (`-`"
+        " clears it). None: its hosts at the scheme and port of the relay's public URLs.",
+    ),
+]
+ChallengeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--auth-challenge",
+        help="NIP-42 challenge: on-connect, or when-needed (with the first auth-required"
+        " answer); `default`: the relay's auth_challenge setting.",
+    ),
+]
 LimitOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -112,6 +129,8 @@ def add(
     write: WriteOpt = "open",
     auth_required: Annotated[bool, typer.Option(help="Require NIP-42 AUTH first.")] = False,
     limit: LimitOpt = None,
+    public_url: PublicUrlOpt = None,
+    auth_challenge: ChallengeOpt = None,
     tenant_database_url: OwnDatabaseOpt = None,
     database_url: DatabaseOpt = None,
     data_dir: DataDirOpt = None,
@@ -130,7 +149,10 @@ def add(
         limits=admin.limits(limit),
         aliases=sorted({admin.host(a) for a in alias or ()} - {admin.host(host)}),
         database_url=tenant_database_url or None,
+        public_urls=list(public_url or ()),
+        auth_challenge=None if auth_challenge in (None, "default") else auth_challenge,
     )
+    admin.check_tenant_identity(cfg)
     _change(database_url, data_dir, admin.add_tenant(cfg), lambda _: f"added tenant {cfg.host}")
 
 
@@ -148,6 +170,8 @@ def set_(
         bool | None, typer.Option("--auth-required/--no-auth-required", help="AUTH first.")
     ] = None,
     limit: LimitOpt = None,
+    public_url: PublicUrlOpt = None,
+    auth_challenge: ChallengeOpt = None,
     tenant_database_url: OwnDatabaseOpt = None,
     database_url: DatabaseOpt = None,
     data_dir: DataDirOpt = None,
@@ -177,6 +201,10 @@ def set_(
         fields["aliases"] = sorted({admin.host(a) for a in alias})
     if tenant_database_url:
         fields["database_url"] = None if tenant_database_url == "default" else tenant_database_url
+    if public_url:
+        fields["public_urls"] = [u for u in public_url if u != "-"]
+    if auth_challenge:
+        fields["auth_challenge"] = None if auth_challenge == "default" else auth_challenge
     _change(
         database_url, data_dir, admin.update_tenant(key, fields), lambda _: f"updated tenant {key}"
     )

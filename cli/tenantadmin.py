@@ -21,7 +21,7 @@ from engram.kinds import KIND_MAX
 from engram.nip01 import is_hex, parse_public_key
 from relay.config import Limits
 from relay.hosts import host_of
-from relay.tenants import WRITE_POLICIES, TenantConfig, merged_limits
+from relay.tenants import WRITE_POLICIES, TenantConfig, check_identity, merged_limits
 
 if TYPE_CHECKING:
     from cli.move import MoveReport
@@ -81,6 +81,14 @@ def kind(value: int) -> int:
 def check_write(write: str | None) -> None:
     if write is not None and write not in WRITE_POLICIES:
         raise TenantError(f"--write must be one of: {', '.join(WRITE_POLICIES)}")
+
+
+def check_tenant_identity(cfg: TenantConfig) -> None:
+    """Its public URLs on its own hosts, a known AUTH challenge mode (relay.tenants)."""
+    try:
+        check_identity(cfg)
+    except ValueError as exc:
+        raise TenantError(str(exc)) from exc
 
 
 def limits(pairs: list[str] | None) -> dict[str, Any]:
@@ -249,8 +257,17 @@ def update_tenant(key: str, fields: dict[str, Any]) -> Action[None]:
     from relay.store import tenants as db
 
     async def action(conn: Any) -> None:
-        if await db.get_tenant(conn, key) is None:
+        current = await db.get_tenant(conn, key)
+        if current is None:
             raise TenantError(f"no tenant {key}")
+        check_tenant_identity(
+            msgspec.structs.replace(
+                current,
+                public_urls=fields.get("public_urls", current.public_urls),
+                auth_challenge=fields.get("auth_challenge", current.auth_challenge),
+                aliases=[*current.aliases, *fields.get("aliases", ())],
+            )
+        )
         if "database_url" in fields:
             held = await db.on_events_database(conn, key, lambda c: db.event_count(c, key))
             if held:

@@ -15,6 +15,7 @@ import base64
 import hashlib
 import http.client
 import json
+import os
 import time
 from typing import Any
 
@@ -44,11 +45,13 @@ def auth_header(
     payload: str | None = None,
     http_method: str = "POST",
 ) -> str:
-    """NIP-98 event for one request, built and signed with nostr-sdk."""
+    """NIP-98 event for one request, built and signed with nostr-sdk. A token is good for
+    one call: the nonce tag keeps two identical calls in one second from being one event."""
     tags = [
         Tag.parse(["u", url]),
         Tag.parse(["method", http_method]),
         Tag.parse(["payload", payload or hashlib.sha256(body).hexdigest()]),
+        Tag.parse(["nonce", os.urandom(8).hex()]),
     ]
     builder = EventBuilder(Kind(27235), "").tags(tags)
     if created_at is not None:
@@ -110,6 +113,8 @@ def nodes(start_relay):
         "ENGRAM_TENANT_REFRESH_SECONDS": "0.5",
         "ENGRAM_BUS_POLL_SECONDS": "0.5",
         "ENGRAM_OPERATORS": pubkey_of(OPERATOR),
+        # as behind a TLS proxy: the tenants are wss://a.test and wss://b.test
+        "ENGRAM_PUBLIC_URLS": "wss://relay.test",
     }
     first = start_relay(env=env)
     db = first.database_url
@@ -239,10 +244,12 @@ def test_supported_methods_are_the_ones_that_act(nodes, start_relay):
     # a relay without tenants: members and NIP-11 fields live in settings, not here
     single = start_relay(env={"ENGRAM_OPERATORS": pubkey_of(OPERATOR)})
     host = f"127.0.0.1:{single.port}"
-    methods = call(single.port, host, OPERATOR, "supportedmethods")
+    url = f"http://{host}/"  # no public URL: the one it listens on
+    status, answer = rpc(single.port, host, OPERATOR, "supportedmethods", url=url)
+    methods = answer["result"]
     assert "banpubkey" in methods and "changerelayname" not in methods
     assert "allowpubkey" not in methods
-    status, answer = rpc(single.port, host, OPERATOR, "changerelayname", ["x"])
+    status, answer = rpc(single.port, host, OPERATOR, "changerelayname", ["x"], url=url)
     assert status == 400 and "unsupported method" in answer["error"]
     doc = json.loads(http_get(single.port, host)[1])
     assert 62 in doc["supported_nips"] and 86 in doc["supported_nips"]
@@ -312,6 +319,13 @@ async def test_cli_and_api_share_one_state(nodes):
 async def test_allow_pubkey_makes_a_member(nodes):
     n1, n2 = nodes
     member = pubkey_of(MEMBER)
+    # on an open tenant everyone may publish: allowing is refused, naming what would make
+    # it mean something (the write policy is the operator's own decision), and nothing
+    # changes
+    status, answer = rpc(n1.port, "a.test", OPERATOR, "allowpubkey", [member])
+    assert status == 400 and "--write members" in answer["error"], answer
+    assert call(n1.port, "a.test", OPERATOR, "listallowedpubkeys") == []
+    assert json.loads(tenant_cli(n1.database_url, "show", "a.test").stdout)["members"] == []
     ok = (await published(n2.port, "b.test", ev(MEMBER, content="let me in")))[0]
     assert ok[2] is False and ok[3].startswith("auth-required:")
     assert call(n1.port, "b.test", OPERATOR, "allowpubkey", member, "invited") is True
@@ -478,12 +492,16 @@ def test_cors_preflight_allows_management_calls(nodes):
 
 
 async def test_a_nostr_sdk_client_needs_no_adjustment(nodes):
-    """Amethyst and NORMA turn wss://host into https://host/ for `u`; both forms and a
-    trailing-slash-less URL are the relay's own URL."""
+    """Amethyst and NORMA turn wss://host into https://host/ for `u`; both forms, with
+    the default port or without a trailing slash, are the tenant's own URL. Another
+    scheme or port is another relay (the relay's public URL is wss://, port 443)."""
     n1, _ = nodes
-    for url in ("https://a.test/", "https://a.test", "wss://a.test", f"http://a.test:{n1.port}/"):
+    for url in ("https://a.test/", "https://a.test", "wss://a.test", "https://a.test:443/"):
         status, answer = rpc(n1.port, "a.test", ADMIN_A, "supportedmethods", url=url)
         assert status == 200, (url, answer)
+    for url in (f"http://a.test:{n1.port}/", "http://a.test/", "https://a.test:8443/"):
+        status, answer = rpc(n1.port, "a.test", ADMIN_A, "supportedmethods", url=url)
+        assert status == 401 and "u tag" in answer["error"], (url, answer)
     await asyncio.sleep(0)
 
 
@@ -494,7 +512,11 @@ async def test_a_tenant_on_its_own_database(start_relay, pg_server_url):
 
     own = await create_database(pg_server_url)
     rp = start_relay(
-        env={"ENGRAM_TENANT_REFRESH_SECONDS": "0.5", "ENGRAM_OPERATORS": pubkey_of(OPERATOR)}
+        env={
+            "ENGRAM_TENANT_REFRESH_SECONDS": "0.5",
+            "ENGRAM_OPERATORS": pubkey_of(OPERATOR),
+            "ENGRAM_PUBLIC_URLS": "wss://relay.test",
+        }
     )
     tenant_cli(rp.database_url, "add", "c.test", "--tenant-database-url", own, "--name", "C")
     wait_for(lambda: nip11_name(rp.port, "c.test") == "C")
@@ -529,7 +551,7 @@ async def test_a_node_that_stored_before_it_knew_sweeps_at_its_reload(start_rela
     """`slow` polls its configuration only every 600 s, so it accepts a banned author's
     event after the ban (deterministically: it has not reloaded). Its next reload (here
     brought on by a call it takes itself) deletes what it let in."""
-    env = {"ENGRAM_OPERATORS": pubkey_of(OPERATOR)}
+    env = {"ENGRAM_OPERATORS": pubkey_of(OPERATOR), "ENGRAM_PUBLIC_URLS": "wss://relay.test"}
     fast = start_relay(env={**env, "ENGRAM_TENANT_REFRESH_SECONDS": "0.5"})
     tenant_cli(fast.database_url, "add", "a.test", "--name", "A")
     slow = start_relay(

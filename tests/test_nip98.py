@@ -73,8 +73,13 @@ def test_relay_urls_normalize() -> None:
     assert {parse_relay_url(u) for u in same} == {RelayUrl(True, "relay.example", 443, "")}
     assert parse_relay_url("ws://[0:0::1]:7777") == RelayUrl(False, "::1", 7777, "")
     assert str(RelayUrl(False, "::1", 7777, "")) == "ws://[::1]:7777"
-    for bad in ("ftp://relay.example", "wss://", "relay.example", "wss://a@relay.example",
-                "wss://relay.example:99999"):
+    for bad in (
+        "ftp://relay.example",
+        "wss://",
+        "relay.example",
+        "wss://a@relay.example",
+        "wss://relay.example:99999",
+    ):
         assert parse_relay_url(bad) is None, bad
 
 

@@ -302,8 +302,11 @@ async def test_browser_gets_an_html_page(start_relay):
         assert "<th>events stored</th><td>1</td>" in body
         assert "<th>max_limit</th><td>500</td>" in body
         assert ">42</a>" in body  # supported NIPs
+    # what a request says about itself names no relay (relay.identity): the page shows
+    # the URLs AUTH is accepted for, and that no public URL is configured
     _, _, proxied = http_get(rp.port, "/", {"X-Forwarded-Proto": "https", "Host": "relay.example"})
-    assert "wss://relay.example" in proxied
+    assert "relay.example" not in proxied and f"ws://127.0.0.1:{rp.port}" in proxied
+    assert "No public URL is configured" in proxied
     status, headers, doc = http_get(rp.port, "/", {"Accept": "application/nostr+json"})
     assert headers["content-type"].startswith("application/nostr+json")
     assert json.loads(doc)["name"] == "<Tom & Jerry>"
@@ -313,7 +316,7 @@ async def test_browser_gets_an_html_page(start_relay):
     subprocess.run([*cli, "--name", "Alpha"], check=True, capture_output=True, timeout=60)
     wait_for(lambda: "Alpha" in http_get(rp.port, "/", {"Host": "a.test"})[2], what="reload")
     _, _, alpha = http_get(rp.port, "/", {"Host": "a.test"})
-    assert "<h1>Alpha</h1>" in alpha and "ws://a.test" in alpha
+    assert "<h1>Alpha</h1>" in alpha and f"ws://a.test:{rp.port}" in alpha
     assert "<th>events stored</th><td>0</td>" in alpha
     assert http_get(rp.port, "/", {"Host": "other.test"})[0] == 404
 

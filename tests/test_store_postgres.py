@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from engram.head import select_head
 from engram.nip01 import Event, pubkey_of
 from engram.readers import parties
+from engram.replace import NEWER_STORED, TIE_LOST, is_superseded
 from relay.config import KIND_ENGRAM, Settings
 from relay.filters import Filter, matches, matches_any
 from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError
@@ -234,6 +235,15 @@ async def test_tie_lowest_id_wins(store: PostgresStore, make_event: MakeEvent) -
     assert await put(store, high, t2) is STALE
     for t in (t1, t2):
         assert await q(store, Filter(limit=10), tenant=t) == [low.id]
+    # the OK says which case it is (engram.replace): a tie lost, not a newer version
+    lost = await store.save(high, raw(high), t1)
+    assert lost.message == TIE_LOST and is_superseded(lost.message)
+    older = make_event(SK[0], kind=10000, content="c", created_at=499)
+    assert (await store.save(older, raw(older), t1)).message == NEWER_STORED
+    # in one batch as well: the loser learns it from its winner
+    t3 = tenant()
+    both = await asyncio.gather(*(store.save(e, raw(e), t3) for e in (high, low, older)))
+    assert [r.message for r in both] == [TIE_LOST, "", NEWER_STORED]
 
 
 async def test_addressable(store: PostgresStore, make_event: MakeEvent) -> None:

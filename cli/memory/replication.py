@@ -16,6 +16,7 @@ from cli.reconcile import reconcile_items
 from cli.relayset import RelaySession
 from engram.negentropy import Items
 from engram.nip01 import Event
+from engram.replace import is_superseded
 
 NEG_OPEN_TIMEOUT = 20.0  # seconds for a relay's first negentropy answer, then REQ paging
 
@@ -84,9 +85,7 @@ async def spread(
             out[url] = RelaySync(error=reasons[url])
             continue
         results = answers.get(url, {})
-        refused = {
-            i: m for i, (ok, m) in results.items() if not ok or m.startswith("duplicate: a newer")
-        }
+        refused = {i: m for i, (ok, m) in results.items() if not ok or is_superseded(m)}
         out[url] = RelaySync(
             published=len(results) - len(refused),
             up_to_date=len(wanted) - len(missing[url]),

@@ -21,6 +21,8 @@ import asyncpg
 from engram.head import beats
 from engram.nip01 import Event
 from engram.nip62 import KIND_VANISH
+from engram.replace import NEWER_STORED, superseded_message
+from engram.replace import TIE_LOST as TIE_LOST_MESSAGE
 from relay import metrics
 from relay.config import DEFAULT_PRIVATE, Settings
 from relay.filters import Filter
@@ -64,9 +66,8 @@ DB_ERRORS = (
 
 STORED = SaveResult(SaveStatus.STORED)
 DUPLICATE = SaveResult(SaveStatus.DUPLICATE, "duplicate: already have this event")
-STALE = SaveResult(
-    SaveStatus.STALE, "duplicate: a newer version of this replaceable event is stored"
-)
+# a version that wins its address is stored (engram.replace: which one, in the message)
+STALE, TIE_LOST = (SaveResult(SaveStatus.STALE, m) for m in (NEWER_STORED, TIE_LOST_MESSAGE))
 CLOSED = SaveResult(SaveStatus.ERROR, "error: the store is closed")
 
 
@@ -410,7 +411,8 @@ class PostgresStore:
         self, conn: Any, batch: list[_Pending], missing: list[int], results: list[Any]
     ) -> None:
         """Why events did not go in: deleted by their author (BLOCKED), already stored
-        (DUPLICATE), or beaten by a newer version of their address (STALE)."""
+        (DUPLICATE), or beaten by the version of their address that is stored (STALE:
+        newer, or of the same second with a lower id)."""
         blocked = await self._deleted_earlier(conn, [batch[i] for i in missing])
         check: list[int] = []
         for k, i in enumerate(missing):
@@ -421,11 +423,19 @@ class PostgresStore:
             else:
                 check.append(i)
         if check:
-            keys = [batch[i].key for i in check]
-            present = await conn.fetch(q.SELECT_PRESENT, [k[0] for k in keys], [k[1] for k in keys])
-            have = set(map(tuple, present))
+            addrs = [batch[i].address for i in check]
+            rows = await conn.fetch(
+                q.SELECT_HEADS, check, *(list(c) for c in zip(*addrs, strict=True))
+            )
+            heads = {r[0]: (bytes(r[1]), r[2]) for r in rows}
             for i in check:
-                results[i] = DUPLICATE if batch[i].key in have else STALE
+                head = heads.get(i)
+                if head is not None and head[0] == batch[i].row[0]:
+                    results[i] = DUPLICATE
+                elif superseded_message(batch[i].row[2], head and head[1]) == NEWER_STORED:
+                    results[i] = STALE
+                else:
+                    results[i] = TIE_LOST
 
     async def _deleted_earlier(self, conn: Any, batch: list[_Pending]) -> set[int]:
         """NIP-09: indexes of batch events their author already deleted."""

@@ -113,7 +113,16 @@ INSERT_REPLACEABLE = (
     " RETURNING tenant, id"
 )
 
-# Which of the given (tenant, id) pairs are stored: tells DUPLICATE from STALE.
+# The stored head of each given address ($1 is the index of the event in the batch): its
+# id tells DUPLICATE from STALE, its created_at which kind of STALE (engram.replace).
+SELECT_HEADS = (
+    "SELECT t.i, e.id, e.created_at FROM unnest($1::int4[], $2::text[], $3::bytea[],"
+    " $4::int4[], $5::text[]) AS t(i, tenant, pubkey, kind, d)"
+    " JOIN events e ON e.tenant = t.tenant AND e.pubkey = t.pubkey AND e.kind = t.kind"
+    " AND e.d = t.d"
+)
+
+# Which of the given (tenant, id) pairs are stored.
 SELECT_PRESENT = (
     "SELECT e.tenant, e.id FROM unnest($1::text[], $2::bytea[]) AS t(tenant, id)"
     " JOIN events e ON e.tenant = t.tenant AND e.id = t.id"
