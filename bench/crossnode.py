@@ -35,7 +35,6 @@ async def _measure(pub_url: str, sub_urls: dict[str, str], rate: int, seconds: f
     subs = {}
     for name, url in sub_urls.items():
         ws = await websockets.connect(url, max_size=None)
-        await ws.recv()  # AUTH challenge
         await ws.send(msgspec.json.encode(["REQ", "s", flt]).decode())
         while msgspec.json.decode(await ws.recv())[0] != "EOSE":
             pass
@@ -53,7 +52,6 @@ async def _measure(pub_url: str, sub_urls: dict[str, str], rate: int, seconds: f
     events = [sign_event(sk, int(time.time()), 1, [], f"lat {i}", AUX) for i in range(n)]
     frames = [msgspec.json.encode(["EVENT", e]).decode() for e in events]
     pub = await websockets.connect(pub_url, max_size=None)
-    await pub.recv()
     drain = asyncio.create_task(_drain(pub))
     start = time.perf_counter()
     for i, (e, frame) in enumerate(zip(events, frames, strict=True)):

@@ -32,6 +32,7 @@ from bench import wsclient, wslib
 from bench.events import EventSet
 from bench.procwatch import Watch
 from bench.results import PhaseResult, reason_key
+from engram import KIND_ENGRAM
 from engram.nip42 import auth_event
 
 _frame = msgspec.json.Decoder(list[msgspec.Raw])
@@ -195,7 +196,16 @@ class Lane:
             self.r.errors[f"NOTICE {reason_key(_str.decode(items[1]))}"] += 1
 
     async def authenticate(self, seckey: bytes, wait: float = 1.0) -> str | None:
-        """NIP-42 AUTH if the relay sent a challenge; returns an error text or None."""
+        """NIP-42 AUTH if the relay sends a challenge; returns an error text or None.
+
+        A relay that challenges only when needed (NIP-42 allows it at any time; engram's
+        default) is asked for something that needs AUTH: a `limit: 0` read of engrams,
+        whose `auth-required:` answer brings the challenge (a relay that serves it
+        answers EOSE, and sends no challenge)."""
+        assert self.conn is not None
+        if not self.challenge_seen.is_set():
+            probe = b'["REQ","auth?",{"kinds":[' + str(KIND_ENGRAM).encode() + b'],"limit":0}]'
+            self.conn.send(self.client.frame(probe))
         try:
             await asyncio.wait_for(self.challenge_seen.wait(), wait)
         except TimeoutError:
@@ -203,7 +213,6 @@ class Lane:
         ev = auth_event(seckey, self.url, self.challenge or "", int(time.time()), os.urandom(32))
         fut: asyncio.Future[tuple[bool, str]] = asyncio.get_running_loop().create_future()
         self.auth = (ev.id, fut)
-        assert self.conn is not None
         self.conn.send(self.client.frame(b'["AUTH",' + _enc(ev) + b"]"))
         try:
             accepted, msg = await asyncio.wait_for(fut, 10)

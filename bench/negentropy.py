@@ -79,7 +79,6 @@ async def _initiator(url: str, items: Items) -> tuple[float, int, int, int]:
     neg = Negentropy(items, 200_000)
     started = time.perf_counter()
     async with websockets.connect(url, max_size=None) as ws:
-        await ws.recv()
         out: bytes | None = neg.initiate()
         verb, rounds, have, need = "NEG-OPEN", 0, 0, 0
         while out is not None:
@@ -102,7 +101,6 @@ async def _sessions_rss(url: str, pid: int, sessions: int) -> tuple[int, int]:
     proc = psutil.Process(pid)
     empty = Negentropy(Items.from_pairs([])).initiate().hex()
     async with websockets.connect(url, max_size=None) as ws:
-        await ws.recv()
         before = proc.memory_info().rss
         for s in range(sessions):
             await ws.send(msgspec.json.encode(["NEG-OPEN", f"m{s}", {}, empty]).decode())

@@ -84,7 +84,6 @@ class PeakRss(threading.Thread):
 async def publish(url: str, events: list[bytes], publishers: int = 4) -> None:
     async def one(chunk: list[bytes]) -> None:
         async with websockets.connect(url, max_size=None) as ws:
-            await ws.recv()  # AUTH challenge
             for i in range(0, len(chunk), 100):
                 part = chunk[i : i + 100]
                 for frame in part:

@@ -40,7 +40,7 @@ import yaml
 from relay_fixtures import create_database_sync, free_port
 
 from engram.nip01 import Event, sign_event
-from relay.config import ENV_PREFIX, KIND_AUTH, Limits, Settings, load_settings
+from relay.config import ENV_PREFIX, Limits, Settings, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -417,8 +417,7 @@ async def _recv(ws: Any) -> list[Any]:
 
 
 async def _publish_and_read_back(ws: Any) -> None:
-    greeting = await _recv(ws)
-    assert greeting[0] == "AUTH" and isinstance(greeting[1], str) and greeting[1]
+    # no AUTH greeting (auth_challenge "when-needed"): the first frame answers the EVENT
     event = _event(content=f"hi from the deploy kit {uuid.uuid4()}")
     await ws.send(_frame("EVENT", event))
     assert await _recv(ws) == ["OK", event.id, True, ""]
@@ -426,16 +425,6 @@ async def _publish_and_read_back(ws: Any) -> None:
     stored = await _recv(ws)
     assert stored[:2] == ["EVENT", "back"] and stored[2]["id"] == event.id
     assert await _recv(ws) == ["EOSE", "back"]
-
-
-async def _auth_as(ws: Any, relay_url: str) -> list[Any]:
-    """NIP-42 AUTH naming `relay_url`: accepted only if the relay saw that host."""
-    greeting = await _recv(ws)
-    assert greeting[0] == "AUTH"
-    tags = [["relay", relay_url], ["challenge", greeting[1]]]
-    auth = _event(KIND_AUTH, tags, "")
-    await ws.send(_frame("AUTH", auth))
-    return await _recv(ws)
 
 
 # --- compose.yaml ---------------------------------------------------------------------
@@ -753,3 +742,55 @@ def test_proxy_examples_point_at_the_relay() -> None:
         "proxy_read_timeout 1h;",
     ):
         assert directive in nginx, directive
+
+
+def test_the_relay_knows_its_public_url_and_keeps_metrics_to_the_operator() -> None:
+    """Behind Caddy or nginx the operator sets ENGRAM_PUBLIC_URLS (compose passes it on,
+    the proxy examples and deploy/README.md say so); Prometheus, by its service name, may
+    read /metrics, and neither proxy passes /metrics on to the internet."""
+    from relay.allowlist import parse_allowlist
+    from relay.identity import parse_public_urls
+
+    services = compose()["services"]
+    env = service_env(services["relay"])
+    assert load_settings(env=env).public_urls == []  # unset: the listening URL only
+    public = "wss://relay.example.com"
+    behind = compose({"POSTGRES_PASSWORD": TEST_PASSWORD, "ENGRAM_PUBLIC_URLS": public})
+    settings = load_settings(env=service_env(behind["services"]["relay"]))
+    assert parse_public_urls(settings.public_urls, "public_urls") == parse_public_urls(
+        [public], "x"
+    )
+    _, names = parse_allowlist(load_settings(env=env).metrics_allow, "metrics_allow")
+    assert "prometheus" in names and "prometheus" in services
+    readme = (DEPLOY / "README.md").read_text()
+    assert "ENGRAM_PUBLIC_URLS=wss://relay.example.com" in readme
+    assert "behind a proxy, set the public url" in (REPO / "README.md").read_text().lower()
+    for proxy in ("Caddyfile", "nginx.conf"):
+        assert "ENGRAM_PUBLIC_URLS=" in (DEPLOY / proxy).read_text(), proxy
+    assert "respond /metrics 404" in (DEPLOY / "Caddyfile").read_text()
+    assert re.search(r"location = /metrics \{\s*return 404;", (DEPLOY / "nginx.conf").read_text())
+
+
+def test_test_image_finds_the_virtualenv_sudo_dropped() -> None:
+    """`sudo bash deploy/test-image` from a shell with the project's virtualenv active:
+    sudo resets PATH and drops VIRTUAL_ENV; deploy/find-python (which the script sources)
+    finds that virtualenv in its parent processes' environment."""
+    venv = Path(sys.executable).parent.parent
+    # like sudo: the environment reset, the caller's (with VIRTUAL_ENV) one process up
+    script = f"env -i PATH=/usr/bin:/bin HOME=/nonexistent bash {DEPLOY / 'find-python'}; exit $?"
+    found = subprocess.run(
+        ["bash", "-c", script],
+        env={**os.environ, "VIRTUAL_ENV": str(venv)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == str(venv / "bin" / "python")
+    assert 'source "$REPO/deploy/find-python"' in (DEPLOY / "test-image").read_text()
+
+
+def test_readme_states_peers_as_they_are() -> None:
+    """nostream serves kind-4 reads without AUTH (its own suite expects it): the README
+    makes no claim that peers restrict them."""
+    assert "as strfry and nostream restrict" not in (REPO / "README.md").read_text()
