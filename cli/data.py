@@ -24,6 +24,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli.common import ConfigOpt, DatabaseOpt, DataDirOpt, resolve_database_url, settings_or_exit
+from cli.files import open_private
 from cli.timeparse import parse_time
 from engram.kinds import KIND_DELETION
 from relay.store import DEFAULT_TENANT
@@ -138,7 +139,7 @@ def export(
             out = sys.stdout.buffer
         else:
             try:
-                out = stack.enter_context(open(output, "wb"))
+                out = stack.enter_context(open_private(output))  # private events: 0600
             except OSError as exc:
                 raise _fail("export", f"cannot write {output}: {exc}", 2) from exc
         try:

@@ -198,6 +198,17 @@ async def test_export_then_import_reproduces_req_results(start_relay, pg_server_
     assert all(ENGRAM_CONTENT.encode() in line for line in lines if b'"kind":30174' in line)
     dump = tmp_path / "events.jsonl"
     dump.write_bytes(exported.stdout)
+    # -o FILE: the same lines, in a file only its owner may read (private events), also
+    # when it existed with a wider mode
+    to_file = tmp_path / "private.jsonl"
+    to_file.write_bytes(b"old")
+    to_file.chmod(0o644)
+    cli("export", "--database-url", source.database_url, "-o", str(to_file))
+    assert to_file.read_bytes() == exported.stdout
+    assert to_file.stat().st_mode & 0o777 == 0o600
+    fresh = tmp_path / "fresh.jsonl"
+    cli("export", "--database-url", source.database_url, "-o", str(fresh))
+    assert fresh.stat().st_mode & 0o777 == 0o600
 
     target_db = create_database_sync(pg_server_url)
     summary = import_json(target_db, str(dump))

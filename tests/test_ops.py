@@ -348,6 +348,14 @@ def serve(tmp_path, *args: str, env: dict[str, str] | None = None) -> subprocess
         ("write_batch_max = -3\n", "write_batch_max: must not be negative, got -3"),
         ("[limits]\nmax_limit = 10\ndefault_limit = 20\n", "limits.default_limit"),
         ("port = \n", "config file"),  # not TOML at all
+        ('auth_challenge = "sometimes"\n', "auth_challenge: expected one of on-connect"),
+        ('public_urls = ["relay.example.com"]\n', "public_urls: 'relay.example.com' is not"),
+        ('public_urls = ["https://relay.example.com"]\n', "public_urls: 'https://relay"),
+        ('metrics_allow = ["10.0.0.0/33"]\n', "metrics_allow: '10.0.0.0/33' is not"),
+        (
+            "negentropy_max_items = 1000\nnegentropy_budget_bytes = 40000\n",
+            "negentropy_budget_bytes (40000) is below what one NEG-OPEN reserves",
+        ),
     ],
 )
 def test_config_file_errors_name_the_setting(tmp_path, toml, message):
@@ -371,6 +379,38 @@ def test_serve_with_bad_config_exits_naming_the_setting(tmp_path):
     assert "ENGRAM_LIMITS_MAX_LIMIT: expected an integer, got 'lots'" in proc.stderr
     proc = serve(tmp_path, "--log-format", "xml")
     assert proc.returncode == 2 and "log_format: expected one of text, json" in proc.stderr
+
+
+def test_negentropy_budget_fits_one_session_or_nip77_is_off():
+    """(max_items + 1) x 40 bytes is one NEG-OPEN's reservation: a budget below it would
+    refuse every NEG-OPEN; with no sessions allowed NIP-77 is off and nothing is checked."""
+    fits = {"ENGRAM_NEGENTROPY_MAX_ITEMS": "1000", "ENGRAM_NEGENTROPY_BUDGET_BYTES": "40040"}
+    assert load_settings(env=fits).negentropy_budget_bytes == 40040
+    with pytest.raises(ConfigError, match="negentropy_max_sessions = 0"):
+        load_settings(env={**fits, "ENGRAM_NEGENTROPY_BUDGET_BYTES": "40039"})
+    off = {**fits, "ENGRAM_NEGENTROPY_BUDGET_BYTES": "0", "ENGRAM_NEGENTROPY_MAX_SESSIONS": "0"}
+    assert load_settings(env=off).negentropy_max_sessions == 0
+
+
+def test_serve_says_so_when_its_port_is_taken(tmp_path):
+    """Bound before anything else: no `serving` line, no database started, exit 1 with a
+    message naming the address and the port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [*ENGRAM, "serve", "--port", str(port), "--database-url", "postgresql://nowhere/x"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")},
+            cwd=tmp_path,
+        )
+    assert proc.returncode == 1, proc.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: address already in use" in proc.stderr
+    assert f"port {port}" in proc.stderr.split("address already in use", 1)[1]
+    assert "serving" not in proc.stdout + proc.stderr
 
 
 def test_env_errors_name_the_variable():

@@ -5,7 +5,6 @@ carried (`MemoryRead.spreadable`)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import msgspec
 
 from cli.errors import BadInputError
+from cli.files import open_private
 from cli.memory.base import MemoryBase, MemoryRead
 from cli.memory.heads import HeadChecker
 from cli.memory.replication import spread
@@ -97,8 +97,7 @@ class TransferOps(MemoryBase):
         ]
         target = Path(path)
         try:
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as fh:
+            with open_private(target) as fh:
                 fh.writelines(lines)
         except OSError as exc:
             raise BadInputError(f"cannot write {target}: {exc.strerror or exc}") from exc
