@@ -6,10 +6,11 @@ tenant, nothing more):
 - a tenant's own public URLs (`engram tenant set HOST --public-url …`);
 - else its host names at the scheme, port and path of the relay's public URLs
   (`public_urls`, `--public-url`), which the built-in tenant answers as they are;
-- with no public URL configured, the URLs the relay actually listens on: its port on
-  127.0.0.1, localhost, [::1], the bind address, and the local address a connection
-  reached (a socket fact, not a header); wss:// when it serves TLS itself.
-Pure: the transport passes the connection's local address in.
+- with no public URL configured, the URL the relay actually listens on: its port on
+  127.0.0.1, localhost, [::1] and the bind address (not a wildcard one: which of the
+  machine's addresses a client uses is not known here); wss:// when it serves TLS.
+Pure: the transport passes in the local port a connection reached (the port the relay
+was given may be 0).
 """
 
 from __future__ import annotations
@@ -45,16 +46,14 @@ def parse_public_urls(urls: Iterable[str], setting: str) -> frozenset[RelayUrl]:
 def listen_urls(
     secure: bool, bind: str, port: int, local: tuple[str, int] | None = None
 ) -> frozenset[RelayUrl]:
-    """The URLs of the socket the relay listens on: loopback names, the bind address,
-    and `local`, the address and port a connection actually reached (the port too,
-    when the relay was started on port 0)."""
+    """The URLs of the socket the relay listens on: loopback names and the bind address,
+    at the port a connection actually reached (`local`: the socket's own address, never
+    a header; the port matters when the relay was started on port 0)."""
     if local is not None:
         port = local[1]
     hosts = set(LOOPBACK_NAMES)
     if bind not in WILDCARD_BINDS:
         hosts.add(bind)
-    if local is not None and local[0]:
-        hosts.add(local[0])
     return frozenset(RelayUrl(secure, normalize_host(h), port, "") for h in hosts)
 
 

@@ -135,9 +135,11 @@ def listening_never_accepting() -> Iterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def fake_relay(handler: Any) -> AsyncIterator[str]:
-    """A websocket server running `handler(ws)`; yields its ws:// URL."""
-    async with serve(handler, "127.0.0.1", 0) as server:
+async def fake_relay(handler: Any, port: int = 0) -> AsyncIterator[str]:
+    """A websocket server running `handler(ws)` (on `port`, or any free one); yields its
+    ws:// URL. A proxy to a real relay listens on the port given to that relay as a
+    public URL (relay_fixtures.proxied_env): clients AUTH for the proxy's URL."""
+    async with serve(handler, "127.0.0.1", port) as server:
         port = next(iter(server.sockets)).getsockname()[1]
         yield f"ws://127.0.0.1:{port}"
 
@@ -170,7 +172,7 @@ async def stalling_relays() -> AsyncIterator[list[str]]:
 
 
 @contextlib.asynccontextmanager
-async def ok_dropping_proxy(upstream: str) -> AsyncIterator[str]:
+async def ok_dropping_proxy(upstream: str, port: int = 0) -> AsyncIterator[str]:
     """A websocket proxy to a real relay that forwards everything but the `OK` answers to
     EVENTs (AUTH is answered): EVENTs are stored, and the client never hears so."""
 
@@ -194,7 +196,7 @@ async def ok_dropping_proxy(upstream: str) -> AsyncIterator[str]:
             for task in pending:
                 task.cancel()
 
-    async with fake_relay(handler) as url:
+    async with fake_relay(handler, port) as url:
         yield url
 
 
@@ -212,7 +214,7 @@ def _frame_id(raw: str | bytes, verb: str) -> str | None:
 
 
 @contextlib.asynccontextmanager
-async def barrier_proxy(upstream: str, writers: int) -> AsyncIterator[str]:
+async def barrier_proxy(upstream: str, writers: int, port: int = 0) -> AsyncIterator[str]:
     """A websocket proxy that makes `writers` clients' writes truly concurrent.
 
     Each client's EVENT is held until all of them have sent one, and each OK is held until
@@ -241,7 +243,7 @@ async def barrier_proxy(upstream: str, writers: int) -> AsyncIterator[str]:
 
             await both_ways(up(), down())
 
-    async with fake_relay(handler) as url:
+    async with fake_relay(handler, port) as url:
         yield url
 
 

@@ -136,7 +136,9 @@ def _launch(
     port: int,
 ) -> RelayProcess:
     log_path = os.path.join(tmp_dir, f"relay-{port}.log")
-    full_env = {**os.environ, **(env or {})}
+    # "{port}" in a value: the port picked here (a relay's own URL in ENGRAM_PUBLIC_URLS)
+    env = {k: v.replace("{port}", str(port)) for k, v in (env or {}).items()}
+    full_env = {**os.environ, **env}
     full_env.pop("ENGRAM_CONFIG", None)
     cmd = [
         sys.executable,
@@ -166,7 +168,8 @@ def _launch(
 def start_relay(pg_server_url: str, tmp_path) -> Iterator[Callable[..., RelayProcess]]:
     """Factory: start_relay(env={...}, args=(...), database_url=None, port=None) -> RelayProcess.
 
-    Passing a stopped relay's `database_url` and `port` restarts it at the same URL."""
+    Passing a stopped relay's `database_url` and `port` restarts it at the same URL.
+    `{port}` in an env value is the relay's port (`proxied_env` below uses it)."""
     started: list[RelayProcess] = []
 
     def start(
@@ -184,6 +187,13 @@ def start_relay(pg_server_url: str, tmp_path) -> Iterator[Callable[..., RelayPro
     yield start
     for rp in started:
         rp.stop()
+
+
+def proxied_env(proxy_port: int) -> dict[str, str]:
+    """A relay that a test's proxy on `proxy_port` fronts, as a proxy fronts a relay in
+    production: its public URLs are its own and the proxy's (relay.identity), so a client
+    may AUTH through either."""
+    return {"ENGRAM_PUBLIC_URLS": f"ws://127.0.0.1:{{port}},ws://127.0.0.1:{proxy_port}"}
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from cli_support import (
@@ -24,7 +25,7 @@ from cli_support import (
     shared_relay,
 )
 from nostr_client import Client
-from relay_fixtures import RelayProcess
+from relay_fixtures import RelayProcess, free_port, proxied_env
 
 from engram import CORE_SLUG, Core, Memory, build_event, d_tag, validate_and_decrypt
 from engram.nip01 import Event
@@ -319,11 +320,13 @@ def test_written_events_pass_validate_and_decrypt(relay: RelayProcess, keys: Key
         assert "mem/v" not in json.dumps(e.tags)  # the slug never leaks into a tag
 
 
-async def test_concurrent_set_loser_reports_conflict(relay: RelayProcess, keys: Keys) -> None:
+async def test_concurrent_set_loser_reports_conflict(start_relay: Any, keys: Keys) -> None:
+    proxy_port = free_port()  # the relay's public URLs: its own and the proxy's
+    relay = start_relay(env=proxied_env(proxy_port))
     env = keys.agent_env(relay.url)
     first = await engram_async("mem", "set", "race", "base", env=env)
     assert first.returncode == 0, first.stderr
-    async with barrier_proxy(relay.url, writers=2) as proxied:
+    async with barrier_proxy(relay.url, writers=2, port=proxy_port) as proxied:
         racing = keys.agent_env(proxied)
         a, b = await asyncio.gather(
             engram_async("mem", "set", "race", "from A", env=racing),

@@ -52,11 +52,8 @@ async def publish(url: str, events: list) -> None:
 
 async def ids_on(url: str, flt: dict | None = None, key: bytes | None = None) -> set[str]:
     async with websockets.connect(url, max_size=None) as ws:
-        if key is not None:
-            c = Client(ws)
-            first = json.loads(await ws.recv())
-            c.challenge = first[1]
-            assert (await c.auth(key, url, int(time.time())))[2]
+        if key is not None:  # the challenge comes when needed: Client.auth asks for it
+            assert (await Client(ws).auth(key, url, int(time.time())))[2]
         await ws.send(json.dumps(["REQ", "q", {**(flt or {}), "limit": 5000}]))
         out: set[str] = set()
         while True:

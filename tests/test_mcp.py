@@ -39,7 +39,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult
 from nostr_client import Client as NostrClient
-from relay_fixtures import RelayProcess, free_port
+from relay_fixtures import RelayProcess, free_port, proxied_env
 
 from cli.identity import InputError
 from cli.mcp import parse_http
@@ -466,11 +466,13 @@ async def test_a_catastrophic_regex_is_bad_input_and_the_server_keeps_serving(
 
 
 async def test_a_write_cut_off_at_its_deadline_may_have_been_written(
-    relay: RelayProcess, keys: Keys, tmp_path: Path
+    start_relay: Any, keys: Keys, tmp_path: Path
 ) -> None:
     """The relay stores the event but its OK never arrives: the error must not read as
     "nothing was written"."""
-    async with ok_dropping_proxy(relay.url) as mute:
+    proxy_port = free_port()  # the relay's public URLs: its own and the proxy's
+    relay = start_relay(env=proxied_env(proxy_port))
+    async with ok_dropping_proxy(relay.url, port=proxy_port) as mute:
         env = keys.agent_env(mute)
         # long enough to read the head and send the EVENT through the proxy when loaded
         async with stdio_server(env, "--timeout", "8", log_dir=tmp_path) as server:

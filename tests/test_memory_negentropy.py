@@ -14,7 +14,7 @@ from pathlib import Path
 
 import websockets
 from cli_support import Keys, fake_relay
-from relay_fixtures import RelayProcess
+from relay_fixtures import RelayProcess, free_port, proxied_env
 from test_memory_sets import api, event_for, local_relay, mem, ok, put
 from websockets.asyncio.server import ServerConnection
 
@@ -125,12 +125,13 @@ async def test_falls_back_to_req_without_negentropy_and_works_with_local_relay(
 ) -> None:
     # negentropy off: NEG-OPEN is refused (and, where NIP-11 says so, not even tried)
     plain = start_relay(env={"ENGRAM_NEGENTROPY_MAX_SESSIONS": "0", "ENGRAM_LIMITS_MAX_LIMIT": "7"})
-    ours, hidden = start_relay(), start_relay()
+    proxy_port = free_port()  # hidden's public URLs: its own and its proxy's
+    ours, hidden = start_relay(), start_relay(env=proxied_env(proxy_port))
     keys = Keys.fresh()
     events, heads = history(keys, 20)
     await put(plain.url, events, keys.agent_sk)
     with local_relay(tmp_path) as sdk:
-        async with fake_relay(notice_proxy(hidden.url)) as proxied:
+        async with fake_relay(notice_proxy(hidden.url), proxy_port) as proxied:
             relays = [plain.url, ours.url, proxied, sdk]
             synced = await api(keys, relays).sync()
             assert synced.ok and synced.heads == 20

@@ -30,7 +30,7 @@ from cli_support import (
     put,
     shared_local_relay,
 )
-from relay_fixtures import RelayProcess
+from relay_fixtures import RelayProcess, proxied_env
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection
 
@@ -89,7 +89,7 @@ def local_relay(tmp_path: Path) -> Iterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def stop_on_write(target: RelayProcess) -> AsyncIterator[str]:
+async def stop_on_write(target: RelayProcess, port: int = 0) -> AsyncIterator[str]:
     """A proxy in front of `target` that stops the relay process when a client sends its
     first EVENT: a relay going down in the middle of a write. Later connections go to
     whatever relay is at the same port again (after a restart)."""
@@ -113,7 +113,7 @@ async def stop_on_write(target: RelayProcess) -> AsyncIterator[str]:
 
             await both_ways(up(), down())
 
-    async with fake_relay(handler) as url:
+    async with fake_relay(handler, port) as url:
         yield url
 
 
@@ -146,19 +146,21 @@ async def archive(
 async def test_write_survives_a_relay_stopping_mid_write_and_sync_repairs_it(
     start_relay: Callable[..., RelayProcess],
 ) -> None:
-    a, b = start_relay(), start_relay()
+    proxy_port = free_port()  # b's public URLs: its own and its proxy's
+    a, b = start_relay(), start_relay(env=proxied_env(proxy_port))
     c = start_relay(env={"ENGRAM_LIMITS_MAX_LIMIT": "50", "ENGRAM_LIMITS_DEFAULT_LIMIT": "20"})
     keys = Keys.fresh()
     first = await api(keys, [a.url, b.url, c.url]).set("notes/x", "first")
     assert len(first.accepted) == 3
-    async with stop_on_write(b) as b_url:
+    async with stop_on_write(b, proxy_port) as b_url:
         relays = [a.url, b_url, c.url]
         write = await mem(keys, relays, "set", "notes/x", "second")  # b stops during this one
         out = ok(write)
         assert len(out.strip()) == 64
         assert b_url.encode() in write.stderr  # the relay that failed is named, with a reason
         assert a.url.encode() not in write.stderr and c.url.encode() not in write.stderr
-        start_relay(database_url=b.database_url, port=b.port)  # b comes back, one write behind
+        # b comes back, one write behind
+        start_relay(database_url=b.database_url, port=b.port, env=proxied_env(proxy_port))
 
         got = await mem(keys, relays, "get", "notes/x")
         assert ok(got) == "second"
