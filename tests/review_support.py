@@ -112,9 +112,10 @@ async def review_server(
 
 
 @contextlib.asynccontextmanager
-async def refusing_relay(upstream: str) -> AsyncIterator[str]:
+async def refusing_relay(upstream: str, port: int = 0) -> AsyncIterator[str]:
     """A relay in front of `upstream` that answers every EVENT `OK false` (REFUSAL) and
-    passes everything else (AUTH, REQ, COUNT) through: reads work, writes are refused."""
+    passes everything else (AUTH, REQ, COUNT) through: reads work, writes are refused.
+    On `port`, which `upstream` knows as one of its public URLs (AUTH goes through)."""
 
     async def handler(client: ServerConnection) -> None:
         async with websockets.connect(upstream, max_size=None) as relay:
@@ -134,5 +135,5 @@ async def refusing_relay(upstream: str) -> AsyncIterator[str]:
 
             await both_ways(up(), down())
 
-    async with fake_relay(handler) as url:
+    async with fake_relay(handler, port) as url:
         yield url

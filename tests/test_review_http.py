@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from cli_support import Keys, closed_port, shared_relay
-from relay_fixtures import RelayProcess
+from relay_fixtures import RelayProcess, free_port, proxied_env
 from review_support import REFUSAL, ReviewProcess, refusing_relay, review_server
 
 from cli.identity import load_identity
@@ -28,8 +28,17 @@ pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.xdist_group
 
 
 @pytest.fixture(scope="module")
-def relay(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
-    yield from shared_relay(pg_server_url, str(tmp_path_factory.mktemp("review-relay")))
+def proxy_port() -> int:
+    """Where `refusing_relay` listens: one of the relay's public URLs, as a proxy's is."""
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def relay(
+    pg_server_url: str, tmp_path_factory: pytest.TempPathFactory, proxy_port: int
+) -> Iterator[RelayProcess]:
+    tmp = str(tmp_path_factory.mktemp("review-relay"))
+    yield from shared_relay(pg_server_url, tmp, proxied_env(proxy_port))
 
 
 def agent_memory(keys: Keys, relays: str) -> AgentMemory:
@@ -297,10 +306,15 @@ async def correct(
 
 
 async def test_relay_refusal_is_shown_with_the_relays_message(
-    relay: RelayProcess, keys: Keys, seeded: AgentMemory, tmp_path: Path, http: httpx.AsyncClient
+    relay: RelayProcess,
+    keys: Keys,
+    seeded: AgentMemory,
+    tmp_path: Path,
+    http: httpx.AsyncClient,
+    proxy_port: int,
 ) -> None:
     await seeded.set("notes/refused", "before")
-    async with refusing_relay(relay.url) as refusing:
+    async with refusing_relay(relay.url, proxy_port) as refusing:
         # the only relay refuses: nothing is written, the page says why and keeps the text
         async with review_server(
             keys.agent_env(refusing), log_dir=tmp_path, state_dir=tmp_path / "data"
