@@ -30,7 +30,7 @@ from cli_support import (
     put,
     shared_local_relay,
 )
-from relay_fixtures import RelayProcess, proxied_env
+from relay_fixtures import RelayProcess, free_port, proxied_env
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection
 
