@@ -55,6 +55,41 @@ hypothesis_settings.load_profile(
     os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
 )
 
+# --- xdist: a module marked xdist_group runs on one worker -----------------------------
+# `--dist loadgroup` (pyproject addopts) finds a group by the "@group" suffix xdist's workers
+# add to each nodeid; pytest 9.2 builds nodeids from a structured id, so that suffix no longer
+# takes (pytest-dev/pytest-xdist#1386) and the tests of one module were spread over workers,
+# each starting the module's relay and browser again (and tests meant to run in order in one
+# session did not). The scheduler below groups by the module itself when its source marks it
+# `pytest.mark.xdist_group(...)`; everything else is distributed test by test, as before.
+GROUP_MARK = "pytest.mark.xdist_group("
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    grouped: dict[str, bool] = {}
+
+    def marked(module: str) -> bool:
+        if module not in grouped:
+            try:
+                grouped[module] = GROUP_MARK in (config.rootpath / module).read_text()
+            except OSError:
+                grouped[module] = False
+        return grouped[module]
+
+    class ModuleGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if "@" in nodeid:  # an xdist and pytest that still suffix the nodeid
+                return super()._split_scope(nodeid)
+            module = nodeid.split("::", 1)[0]
+            return module if marked(module) else nodeid
+
+    return ModuleGroups(config, log)  # type: ignore[arg-type]
+
+
 # --- Postgres -------------------------------------------------------------------------
 
 
