@@ -50,6 +50,11 @@ class ConflictError(AgentMemoryError):
     exit_code = 5
 
 
+class BaseChangedError(ConflictError):
+    """The value changed since the caller read it (a `base_hash` that no longer matches):
+    nothing was written (exit code 5)."""
+
+
 class RefusedError(BadInputError):
     """A write the memory's rules refuse (exit code 1): a value a tombstone rejected or the
     owner denied, or an agent write over the owner's correction. `version_id` names the

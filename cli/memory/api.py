@@ -33,6 +33,7 @@ from cli.errors import (
     AgentMemoryError,
     AuthError,
     BadInputError,
+    BaseChangedError,
     ConflictError,
     NotFoundError,
     RefusedError,
@@ -85,6 +86,7 @@ __all__ = [
     "AuditReport",
     "AuthError",
     "BadInputError",
+    "BaseChangedError",
     "ConflictError",
     "CoreRead",
     "Diff",
@@ -342,7 +344,7 @@ class AgentMemory(HistoryOps, VerdictOps, AuditOps, TransferOps, RecallOps, Memo
             if base_hash is not None:
                 current = base.live(slug).text or ""
                 if sha256_hex(current) != base_hash:
-                    raise ConflictError(
+                    raise BaseChangedError(
                         f"{slug}: base hash mismatch: the current value hashes to "
                         f"{sha256_hex(current)}"
                     )
@@ -361,12 +363,15 @@ class AgentMemory(HistoryOps, VerdictOps, AuditOps, TransferOps, RecallOps, Memo
         valid_from: int | None = None,
         valid_until: int | None = None,
         force: bool = False,
+        base_hash: str | None = None,
     ) -> WriteResult:
         """Write `value` (for `core`: the profile) as a new version on every relay of the
         set. The agent writes trust `guess` (default) or `stated`; held by the owner this
         is a correction (`confirmed`). Refused (RefusedError) for a value a tombstone
         rejected or the owner denied, or over the owner's correction, unless `force`
-        (which never overrides a denial).
+        (which never overrides a denial). `base_hash`: the sha256 of the value this one
+        replaces (the empty value's when there is none); another is a BaseChangedError
+        (a ConflictError).
 
         `similar` in the result names existing memories whose cosine similarity to the
         value is at least `RecallSettings.similar` (0.80): patch or merge them rather than
@@ -374,7 +379,8 @@ class AgentMemory(HistoryOps, VerdictOps, AuditOps, TransferOps, RecallOps, Memo
         slug = self.slug(slug)
         meta = self._meta(trust, source, valid_from, valid_until)
         self._sized(slug, value, meta)
-        result = await self._write_value(slug, value, meta, force=force)
+        expected = base_hash.lower() if base_hash is not None else None
+        result = await self._write_value(slug, value, meta, force=force, base_hash=expected)
         if slug == CORE_SLUG:
             return result
         return replace(result, similar=await self._similar(slug, value))
@@ -408,7 +414,7 @@ class AgentMemory(HistoryOps, VerdictOps, AuditOps, TransferOps, RecallOps, Memo
         lv = read.live(slug)
         current = lv.text or ""
         if expected is not None and sha256_hex(current) != expected:
-            raise ConflictError(
+            raise BaseChangedError(
                 f"{slug}: base hash mismatch: the current value hashes to {sha256_hex(current)}"
             )
         try:

@@ -83,14 +83,17 @@ class HistoryOps(MemoryBase):
 
     async def log(self, slug: str) -> Log:
         """Every version of `slug` the relay set serves, newest first: who wrote it, when,
-        trust, source, validity and value hash (never a forgotten version)."""
+        trust, source, validity and value hash (never a forgotten version), and the value
+        of each version that may be shown (`Log.values`: never a withheld one)."""
         slug = self.slug(slug)
         read = await self._slug_read(slug, history=True)
         every = read.versions.get(slug, [])
-        versions = [info(v, classify(slug, v, every)) for v in visible(every)]
-        if not versions:
+        lives = [(v, classify(slug, v, every)) for v in visible(every)]
+        if not lives:
             raise NotFoundError(f"not found: {slug} (no version)")
-        return Log(slug, versions, read.report)
+        versions = [info(v, lv) for v, lv in lives]
+        values = {v.id: lv.text for v, lv in lives if lv.text is not None}
+        return Log(slug, versions, read.report, values)
 
     async def diff(self, slug: str, rev1: str | None = None, rev2: str | None = None) -> Diff:
         """Unified diff: the previous version to the newest (no REV), REV1 to the newest,

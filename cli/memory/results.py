@@ -218,11 +218,14 @@ class VersionInfo(msgspec.Struct, frozen=True):
 @dataclass(frozen=True)
 class Log:
     """A slug's versions, newest first (forgotten ones never listed); iterating a Log
-    iterates its versions."""
+    iterates its versions. `values`: version id -> its value, for the versions whose
+    `state` is `value` only (never a withheld, removed or forgotten one): what a history
+    page shows and diffs without a read per version."""
 
     slug: str
     versions: list[VersionInfo]
     report: SetReport
+    values: dict[str, str] = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[VersionInfo]:
         return iter(self.versions)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from cli.errors import BadInputError, NotFoundError
+from cli.errors import BadInputError, BaseChangedError, NotFoundError
 from cli.memory.base import MemoryBase, MemoryRead
 from cli.memory.heads import HeadChecker
 from cli.memory.results import ForgetReport, WriteResult, sha256_hex
@@ -39,7 +39,13 @@ class VerdictOps(MemoryBase):
             raise BadInputError(owner_only(what))
 
     async def _verdict(
-        self, slug: str, make: str, *, source: str | None, reason: str | None
+        self,
+        slug: str,
+        make: str,
+        *,
+        source: str | None,
+        reason: str | None,
+        base_hash: str | None,
     ) -> WriteResult:
         slug = self.slug(slug)
         session = await self._session()
@@ -49,6 +55,11 @@ class VerdictOps(MemoryBase):
             lv = base.live(slug)
             if not lv.live or lv.version is None or lv.text is None:
                 raise self._not_found(base, slug, lv)
+            if base_hash is not None and sha256_hex(lv.text) != base_hash.lower():
+                raise BaseChangedError(
+                    f"{slug}: the value changed since it was read (now version "
+                    f"{lv.version.id}); nothing was {make}"
+                )
             old = lv.version.meta
             if make == CONFIRMED:
                 text: str | None = lv.text
@@ -65,17 +76,23 @@ class VerdictOps(MemoryBase):
         finally:
             await session.close()
 
-    async def confirm(self, slug: str, *, source: str | None = None) -> WriteResult:
+    async def confirm(
+        self, slug: str, *, source: str | None = None, base_hash: str | None = None
+    ) -> WriteResult:
         """The owner confirms the live value: a verdict (trust `confirmed`) with that value,
-        which the agent then needs force to write over."""
+        which the agent then needs force to write over. `base_hash`: the sha256 of the
+        value the owner saw; another live value is a BaseChangedError (nothing written)."""
         self._owner("confirm")
-        return await self._verdict(slug, CONFIRMED, source=source, reason=None)
+        return await self._verdict(slug, CONFIRMED, source=source, reason=None, base_hash=base_hash)
 
-    async def deny(self, slug: str, *, reason: str | None = None) -> WriteResult:
+    async def deny(
+        self, slug: str, *, reason: str | None = None, base_hash: str | None = None
+    ) -> WriteResult:
         """The owner denies the live value: the slug reads as absent, and the agent can
-        never write that value again (only the owner can, by correcting to it)."""
+        never write that value again (only the owner can, by correcting to it).
+        `base_hash` as for `confirm`."""
         self._owner("deny")
-        return await self._verdict(slug, DENIED, source=None, reason=reason)
+        return await self._verdict(slug, DENIED, source=None, reason=reason, base_hash=base_hash)
 
     async def forget(self, slug: str, *, reason: str | None = None) -> ForgetReport:
         """Forget `slug`: write a forget (every older version is hidden from every read,
