@@ -1,17 +1,20 @@
 """Helpers for the `engram review` tests: the server as a real process, its printed URL,
-and a relay that refuses every write (a proxy to a real relay that answers EVENTs itself)."""
+every page a person can reach on it, and a relay that refuses every write (a proxy to a
+real relay that answers EVENTs itself)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import re
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 import msgspec
 import websockets
 from cli_support import ENGRAM, ROOT, both_ways, fake_relay
@@ -109,6 +112,28 @@ async def review_server(
         yield review
     finally:
         await review.stop()
+
+
+async def every_page(review: ReviewProcess) -> dict[str, str]:
+    """Every page a person can reach without acting: the lists (live, and not live), each
+    memory either links to, its confirmation pages, core and the changes. URL -> HTML."""
+    pages: dict[str, str] = {}
+    async with httpx.AsyncClient(timeout=120) as http:
+
+        async def get(path: str) -> str:
+            r = await http.get(review.at(path))
+            assert r.status_code in (200, 404), (path, r.status_code)
+            pages[path] = r.text
+            return r.text
+
+        lists = await get("") + await get("?show=gone")
+        for slug in sorted(set(re.findall(r'href="[^"]*/m/([^"?#]+)"', lists))):
+            page = await get(f"m/{slug}")
+            for action in re.findall(r'href="[^"]*/(act/[a-z]+/[^"]+)"', page):
+                await get(action.replace("&amp;", "&"))
+        for path in ("core", "changes"):
+            await get(path)
+    return pages
 
 
 @contextlib.asynccontextmanager

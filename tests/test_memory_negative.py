@@ -5,8 +5,9 @@ Hidden: a tombstoned value, a value refused as rejected, a value the owner denie
 forgotten value, the memories of another owner (same agent) and of another agent (same
 owner), and a fact whose validity has ended where the reader asked to hide it. The paths:
 `engram mem` get/ls/search/recall/refs/log/diff/get --as-of/--rev as real processes, the
-Python API, every MCP read tool through the `mcp` SDK's client, and the ACP injections
-(core, and `--recall`) through the real `engram acp` proxy.
+Python API, every MCP read tool through the `mcp` SDK's client, the ACP injections
+(core, and `--recall`) through the real `engram acp` proxy, and every page of the
+owner's review app (`engram review`).
 
 History is history: a value that was live before its tombstone is what `get --as-of`
 returns for that earlier time (the positive twin of the history paths); after the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from acp import text_block
 from acp_support import proxied
 from cli_support import Keys, engram_async, put, shared_relay
 from relay_fixtures import RelayProcess
+from review_support import every_page, review_server
 from test_mcp import stdio_server
 
 from cli.errors import NotFoundError, RefusedError
@@ -244,6 +247,22 @@ async def test_python_api(world: World) -> None:
         await mem.get("gone/tomb", as_of=int(time.time()) + 1)
     owner = owner_api(world.keys, world.url)
     assert [e.slug for e in (await owner.ls()).entries] == LIVE_SLUGS  # the owner sees alike
+    # views(): every slug with its state (what the review page lists), values only if live
+    lives, _ = await owner.views()
+    states = {slug: lives[slug].state for slug in HIDDEN_SLUGS}
+    assert states == {
+        "mem/gone/tomb": "removed",
+        "mem/gone/denied": "denied",
+        "mem/gone/forgot": "forgotten",
+    }
+    assert lives["mem/gone/denied"].denial is not None  # the verdict, with its reason
+    assert not leaks(json.dumps([lv.text for lv in lives.values()]))
+    assert all(m in (lives[s].text or "") for s, m in LIVE_MARKERS.items())  # the twins
+    # log(): the values a history shows, never a withheld or forgotten one
+    for slug in ("gone/denied", "gone/forgot"):
+        assert not leaks(json.dumps((await owner.log(slug)).values))
+    assert list((await owner.log("gone/tomb")).values.values()) == ["TOMBMARK old"]  # history
+    assert list((await mem.log("live/city")).values.values()) == ["Lisbon LIVEMARK"]
     recall = agent_api(world.keys, world.url, world.data / "api")
     found = await recall.recall("MARK memory", limit=100)
     assert sorted(h.slug for h in found) == LIVE_SLUGS
@@ -356,3 +375,34 @@ async def test_acp_injection(world: World, relay: RelayProcess, tmp_path: Path) 
     await owner_api(corrected, relay.url).set("core", "OWNERCORE new")
     text = await acp_injected(corrected.agent_env(relay.url), tmp_path)
     assert "OWNERCORE new" in text and "AGENTCORE" not in text and "your owner" in text
+
+
+# --- the review page (engram review), as the owner opens it ----------------------------------
+
+
+async def test_review_pages(world: World, tmp_path: Path) -> None:
+    """Every page a person reaches on the owner's review app (the lists, each memory with
+    its history, the confirmation pages its links lead to, core, changes): a denied or
+    forgotten value, another owner's or agent's, is on none; a removed one is shown only
+    as history (never as a live value); the not-live list names them without a value."""
+    keys = world.keys
+    async with review_server(
+        env_of(world, owner=True), "--agent", keys.agent, log_dir=tmp_path, state_dir=tmp_path
+    ) as server:
+        pages = await every_page(server)
+    current = {p: h for p, h in pages.items() if not p.startswith(("m/", "act/restore/"))}
+    values = "\n".join(re.findall(r'id="value">(.*?)</pre>', "\n".join(pages.values()), re.S))
+    assert not leaks("\n".join(pages.values()), HIDDEN[2:])  # denied, forgotten, others
+    assert not leaks("\n".join(current.values()) + values)  # removed: not as live either
+    assert all(m in pages[""] for m in LIVE_MARKERS.values())  # the positive twins
+    assert "TOMBMARK old" in pages["m/mem/gone/tomb"]  # its history: restorable
+    gone = pages["?show=gone"]
+    for slug, state in (
+        ("mem/gone/tomb", "removed"),
+        ("mem/gone/denied", "denied by the owner"),
+        ("mem/gone/forgot", "forgotten"),
+    ):
+        row = gone[gone.index(f">{slug}<") :].split("</tr>")[0]
+        assert state in row, (slug, row)
+    listed = re.findall(r'<td class="slug"><a [^>]*>([^<]+)</a>', pages[""])
+    assert sorted(s for s in listed if s != "core") == LIVE_SLUGS

@@ -52,13 +52,27 @@ def secrets_of(keys: Keys) -> list[str]:
     ]
 
 
-def csrf_of(html: str, action: str) -> str:
-    """The CSRF field of the form whose action ends with `action`."""
+def form_of(html: str, action: str) -> dict[str, str]:
+    """The hidden fields (CSRF, base, rev, ...) of the form whose action ends with `action`."""
     form = re.search(rf'action="[^"]*{re.escape(action)}"[^>]*>(.*?)</form>', html, re.S)
     assert form, f"no form for {action}"
-    found = re.search(r'name="csrf" value="([0-9a-f]+)"', form[1])
-    assert found
-    return found[1]
+    fields = re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">', form[1])
+    assert "csrf" in dict(fields)
+    return dict(fields)
+
+
+def csrf_of(html: str, action: str) -> str:
+    """The CSRF field of the form whose action ends with `action`."""
+    return form_of(html, action)["csrf"]
+
+
+async def submit(
+    http: httpx.AsyncClient, server: ReviewProcess, page: str, action: str, **fields: str
+) -> httpx.Response:
+    """As a person does: open `page`, fill the form of `action` (its hidden fields kept)."""
+    html = (await http.get(server.at(page))).text
+    data = form_of(html, f"/{action}") | fields
+    return await http.post(server.at(action), data=data)
 
 
 @pytest.fixture(scope="module")
@@ -279,12 +293,11 @@ async def test_save_normalises_line_endings_and_keeps_the_rest(
 async def test_verdicts_are_the_owners_only(review: ReviewProcess, http: httpx.AsyncClient) -> None:
     """This server holds the agent's key: a denial is refused, naming the owner (issue 39:
     verdicts are signed by the owner's key alone)."""
-    page = (await http.get(review.at("act/deny/mem/people/bob"))).text
-    r = await http.post(
-        review.at("act/deny/mem/people/bob"),
-        data={"reason": "wrong", "csrf": csrf_of(page, "/act/deny/mem/people/bob")},
-    )
+    deny = "act/deny/mem/people/bob"
+    r = await submit(http, review, deny, deny, reason="wrong")
     assert r.status_code == 422 and "only the owner" in r.text
+    page = (await http.get(review.at("m/mem/people/alice"))).text
+    assert "/act/confirm/" not in page and "confirm and deny are the owner" in page
 
 
 async def correct(
@@ -336,37 +349,104 @@ async def test_relay_refusal_is_shown_with_the_relays_message(
         assert (await seeded.get("notes/refused")).value == "accepted by one"
 
 
-async def test_owner_mode_corrects_and_denies(
+def owner_memory(keys: Keys, relays: str) -> AgentMemory:
+    env = {"ENGRAM_PRIVATE_KEY": keys.owner_sk.hex()}
+    return AgentMemory(load_identity(None, None, keys.agent, env), relays, timeout=30)
+
+
+async def test_owner_mode_writes_verdicts_and_reads_them_back(
     relay: RelayProcess, keys: Keys, seeded: AgentMemory, tmp_path: Path, http: httpx.AsyncClient
 ) -> None:
-    """With the owner's key the page writes owner verdicts (issue 39): a correction the
-    agent reads as the owner's, a denial the agent no longer reads."""
+    """With the owner's key every action is an owner verdict (issue 39): a correction and a
+    confirmation the agent reads as the owner's, a denial it no longer reads, a forget; a
+    verdict on a value the page did not show is a conflict; each is read back."""
     await seeded.set("people/dora", "Dora lives in Rome.")
     await seeded.set("people/erin", "Erin lives in Oslo.")
+    await seeded.set("people/finn", "Finn v1")
     async with review_server(
-        keys.owner_env(relay.url),
-        "--agent",
-        keys.agent,
-        log_dir=tmp_path,
-        state_dir=tmp_path / "data",
+        keys.owner_env(relay.url), "--agent", keys.agent, log_dir=tmp_path, state_dir=tmp_path
     ) as server:
         page = (await http.get(server.at("m/mem/people/alice"))).text
         assert "Alice lives in Lisbon." in page and "acting as <strong>the owner" in page
         assert "Preview the correction" in page and "/act/deny/mem/people/alice" in page
+        assert "/act/remove/" not in page  # the owner denies; the agent removes
         for secret in secrets_of(keys):
             assert secret not in page
         r = await correct(http, server, "mem/people/erin", "Erin lives in Bergen.")
         assert r.status_code == 303, r.text
-        page = (await http.get(server.at("act/deny/mem/people/dora"))).text
-        r = await http.post(
-            server.at("act/deny/mem/people/dora"),
-            data={"reason": "she moved", "csrf": csrf_of(page, "/act/deny/mem/people/dora")},
-        )
+        r = await submit(http, server, "m/mem/people/alice", "act/confirm/mem/people/alice")
         assert r.status_code == 303, r.text
+        shown = (await http.get(server.origin + r.headers["location"])).text
+        assert "reads as the owner's value, confirmed" in " ".join(shown.split())
+        deny = "act/deny/mem/people/dora"
+        r = await submit(http, server, deny, deny, reason="she moved")
+        assert r.status_code == 303, r.text
+        shown = (await http.get(server.origin + r.headers["location"])).text
+        assert "they serve the version just written" in shown and "denied by the owner" in shown
+        assert "Dora lives in Rome." not in shown and "she moved" in shown
+        # the page showed Finn v1; the agent writes v2 before the owner denies: nothing denied
+        page = (await http.get(server.at("act/deny/mem/people/finn"))).text
+        await seeded.set("people/finn", "Finn v2")
+        r = await http.post(
+            server.at("act/deny/mem/people/finn"),
+            data=form_of(page, "/act/deny/mem/people/finn") | {"reason": "stale"},
+        )
+        assert r.status_code == 409 and "changed after this page showed it" in r.text
+        forget = "act/forget/mem/people/finn"
+        r = await submit(http, server, forget, forget, confirm="yes", reason="private")
+        assert r.status_code == 303, r.text
+        shown = (await http.get(server.origin + r.headers["location"])).text
+        assert "Forgotten" in shown and "still serves" in shown and relay.url in shown
+        assert "Finn v" not in shown
+        gone = (await http.get(server.at("?show=gone"))).text
+        table = gone[gone.index('id="gone"') :]
+        assert "mem/people/dora" in table and "she moved" in table and "forgotten" in table
+        assert "Dora lives" not in gone and "Finn v" not in gone
+        live = (await http.get(server.at(""))).text
+        assert "mem/people/dora" not in live[live.index('id="live"') :]
     erin = await seeded.get("people/erin")
     assert (erin.value, erin.role, erin.trust) == ("Erin lives in Bergen.", "owner", "confirmed")
+    assert (await seeded.get("people/alice")).trust == "confirmed"
+    for slug in ("people/dora", "people/finn"):
+        with pytest.raises(NotFoundError):
+            await seeded.get(slug)
+
+
+async def test_the_agents_page_is_refused_what_the_agent_may_not_write(
+    review: ReviewProcess, http: httpx.AsyncClient, seeded: AgentMemory, relay: RelayProcess,
+    keys: Keys,
+) -> None:  # fmt: skip
+    """Held with the agent's key the page writes as the agent: restoring a value a tombstone
+    rejected is refused with the tombstone's reason and can be done anyway; a value the
+    owner denied is refused with the denial's reason, and no force helps."""
+    await seeded.set("notes/tomb", "the old plan")
+    await seeded.rm("notes/tomb", reason="outdated")
+    await seeded.set("notes/flat", "the earth is flat")
+    await owner_memory(keys, relay.url).deny("notes/flat", reason="it is not")
+    page = (await http.get(review.at("m/mem/notes/tomb"))).text
+    assert "removed" in page and "outdated" in page and "the old plan" in page  # its history
+    rev = re.search(r"act/restore/mem/notes/tomb\?rev=([0-9a-f]{64})", page)
+    assert rev, page
+    restore = f"act/restore/mem/notes/tomb?rev={rev[1]}"
+    r = await submit(http, review, restore, "act/restore/mem/notes/tomb")
+    assert r.status_code == 409 and "rejected by tombstone" in r.text and "(outdated)" in r.text
+    r = await http.post(
+        review.at("act/restore/mem/notes/tomb"), data=form_of(r.text, "/act/restore/mem/notes/tomb")
+    )
+    assert r.status_code == 303, r.text  # "Do it anyway": the form carries force
+    assert (await seeded.get("notes/tomb")).value == "the old plan"
+
+    page = (await http.get(review.at("m/mem/notes/flat"))).text
+    assert "denied by the owner" in page and "it is not" in page
+    assert "the earth is flat" not in page and "act/restore/mem/notes/flat" not in page
+    withheld = [v for v in await seeded.log("notes/flat") if v.state == "withheld"]
+    restore = f"act/restore/mem/notes/flat?rev={withheld[0].id}"
+    r = await submit(http, review, restore, "act/restore/mem/notes/flat")
+    assert r.status_code == 409 and "the owner denied this value" in r.text
+    assert "(it is not)" in r.text and "Do it anyway" not in r.text
+    assert "the earth is flat" not in r.text
     with pytest.raises(NotFoundError):
-        await seeded.get("people/dora")
+        await seeded.get("notes/flat")
 
 
 # --- the server's life -----------------------------------------------------------------------

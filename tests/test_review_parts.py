@@ -7,18 +7,24 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
-from cli.memory.api import SetReport
+from cli.memory.api import Log, SetReport, VersionInfo, sha256_hex
 from cli.memory.review.diffs import diff_lines, normalize_newlines
 from cli.memory.review.graph import BOX_W, COL_GAP, layout
 from cli.memory.review.guard import Csrf
+from cli.memory.review.listing import ListQuery, select
 from cli.memory.review.snapshot import Row, Snapshot
+from cli.memory.review.timeline import build, compare
 from cli.memory.review.visits import Mark, changes, load, mark_path, save
 from engram import CORE_SLUG, extract_refs
 
 
-def row(slug: str, value: str | None, event: str = "e", at: int = 1) -> Row:
-    return Row(slug, value, event + slug, at, "a" * 64, "agent", "d-" + slug)
+def row(
+    slug: str, value: str | None, event: str = "e", at: int = 1, state: str | None = None, **kw: Any
+) -> Row:
+    state = state or ("live" if value is not None else "removed")
+    return Row(slug, value, event + slug, at, "a" * 64, "agent", "d-" + slug, state=state, **kw)
 
 
 def snapshot(values: dict[str, str | None]) -> Snapshot:
@@ -92,11 +98,17 @@ def test_changes_since_a_mark(tmp_path: Path) -> None:
             "mem/new": row("mem/new", "n", at=9),
         },
         before.core,
-        {"mem/c": row("mem/c", None, event="t")},
+        {"mem/c": row("mem/c", None, event="t"), "mem/a2": row("mem/a2", None, state="denied")},
         SetReport(),
     )
+    mark.heads["d-mem/a2"] = ("emem/a2", 1)
     found = [(c.kind, c.slug) for c in changes(after, mark)]
-    assert found == [("new", "mem/new"), ("changed", "mem/b"), ("removed", "mem/c")]
+    assert found == [
+        ("new", "mem/new"),
+        ("changed", "mem/b"),
+        ("denied", "mem/a2"),
+        ("removed", "mem/c"),
+    ]
     assert [c.kind for c in changes(after, None)] == ["new"] * 4  # no visit yet: all new
     gone = Snapshot({}, None, {}, SetReport())
     assert {(c.kind, c.slug) for c in changes(gone, mark)} == {("removed", None)}
@@ -127,3 +139,83 @@ def test_csrf_fields_are_per_action_and_per_server() -> None:
     assert not one.valid("/act/remove/mem/x", token)
     assert not two.valid("/act/save/mem/x", token)
     assert not one.valid("/act/save/mem/x", None) and not one.valid("/act/save/mem/x", "")
+
+
+def test_list_filters_and_the_view_of_memories_that_are_not_live() -> None:
+    now = 1_000
+    live = {
+        "mem/a": row("mem/a", "a", at=5, trust="guess", audit="clean"),
+        "mem/b": row("mem/b", "b", at=9, trust="confirmed", audit="fork", valid_until=now - 1),
+        "mem/c": row("mem/c", "c", at=7, trust="stated", audit="clean", valid_from=now + 9),
+    }
+    live["mem/b"] = Row(**{**live["mem/b"].__dict__, "role": "owner"})
+    gone = {
+        "mem/d": row("mem/d", None, state="denied", reason="wrong", audit="clean"),
+        "mem/f": row("mem/f", None, state="forgotten"),
+    }
+    snap = Snapshot(live, row(CORE_SLUG, "core"), gone, SetReport())
+
+    def slugs(**params: str) -> list[str]:
+        return [r.slug for r in select(snap, ListQuery.of(params), now)]
+
+    assert slugs() == [CORE_SLUG, "mem/a", "mem/b", "mem/c"]  # live only, core first
+    assert slugs(sort="newest") == ["mem/b", "mem/c", "mem/a", CORE_SLUG]
+    assert slugs(trust="confirmed") == ["mem/b"]
+    assert slugs(trust="denied") == slugs()  # not a live state: ignored, never a way in
+    assert slugs(validity="ended") == ["mem/b"]
+    assert slugs(validity="future") == ["mem/c"]
+    assert slugs(validity="now") == [CORE_SLUG, "mem/a"]
+    assert slugs(by="owner") == ["mem/b"]
+    assert slugs(audit="problem") == ["mem/b"] and slugs(audit="clean") == ["mem/a", "mem/c"]
+    assert slugs(show="gone") == ["mem/d", "mem/f"]  # never among the live ones
+    assert all(r.value is None for r in select(snap, ListQuery(show="gone"), now))
+    assert slugs(show="gone", contains="D") == ["mem/d"]
+    assert slugs(q="x") == slugs()  # the page passes what the search found:
+    assert [r.slug for r in select(snap, ListQuery(q="x"), now, ["mem/c", "mem/d"])] == ["mem/c"]
+    assert ListQuery.of({"trust": "<b>", "sort": "x", "show": "all"}) == ListQuery()
+
+
+def version(vid: str, state: str, role: str = "agent", text: str | None = None, **kw: Any) -> Any:
+    fields = dict(
+        id=vid * 64, created_at=int(vid, 16), author="a" * 64, role=role, trust=None,
+        source=None, valid_from=None, valid_until=None, prev=None, reason=None, plain=False,
+    )  # fmt: skip
+    fields.update(kw)
+    return VersionInfo(
+        value_sha256=sha256_hex(text) if text is not None else None, state=state, **fields
+    )
+
+
+def test_timeline_diffs_each_version_and_never_a_withheld_value() -> None:
+    texts = {"1": "Bob fixes bikes.\n", "2": "Bob is a plumber.\n", "4": "Bob fixes bikes.\n"}
+    versions = [
+        version("4", "value", "owner", texts["4"], trust="confirmed", source="revert of 1111"),
+        version("3", "denied", "owner", reason="wrong"),
+        version("2", "withheld", "agent", texts["2"]),
+        version("1", "value", "agent", texts["1"], trust="guess"),
+    ]
+    values = {"4" * 64: texts["4"], "1" * 64: texts["1"]}  # as Log.values: never the withheld
+    log = Log("mem/bob", versions, SetReport(), values)
+    items = build(log, live_sha256=sha256_hex(texts["4"]), owner=True)
+    assert [i.what for i in items] == [
+        "restored by the owner (an earlier version's value)",
+        "denied by the owner",
+        "written by the agent; the owner denied this value (it is not shown)",
+        "written by the agent",
+    ]
+    restored, denied, withheld, first = items
+    assert [(d.kind, d.text) for d in restored.diff or [] if d.kind == "add"] == [
+        ("add", "Bob fixes bikes.")
+    ]  # from the denial (no value) to the restored value
+    assert denied.diff is None and withheld.diff is None and "never shown" in denied.why_no_diff
+    assert first.diff is None and first.text == texts["1"]
+    assert withheld.text is None and withheld.withheld
+    # restorable: not the value live now; the withheld one by the owner only
+    assert [i.restorable for i in items] == [False, False, True, False]
+    agent = build(log, live_sha256=None, owner=False)
+    assert [i.restorable for i in agent] == [True, False, False, True]
+    both = compare(log, "1" * 64, "4" * 64)
+    assert both is not None and both.diff == [] and both.note == "the same value"
+    hidden = compare(log, "2" * 64, "4" * 64)
+    assert hidden is not None and hidden.diff is None
+    assert compare(log, "9" * 64, "4" * 64) is None

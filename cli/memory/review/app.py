@@ -1,11 +1,14 @@
 """The review app: Starlette routes over `AgentMemory`, rendered on the server.
 
-Pages (GET): the memory list (`/`), one memory (`/m/SLUG`), core as a graph (`/core`),
-what changed since the last visit (`/changes`). Actions (POST, each with its CSRF field):
-`/act/preview/SLUG` and `/act/save/SLUG` (correct a value), `/act/remove/SLUG`, and the
-verdicts `/act/confirm|deny|restore|forget/SLUG`; those that cannot be undone have a GET
-confirmation page at the same path. After an action the browser is sent (303) to the
-memory's page, which reads the memory back from the relays.
+Pages (GET): the memory list (`/`, `?show=gone` for the memories that do not read as
+live), one memory with its history (`/m/SLUG`, `?from=ID&to=ID` compares two versions),
+core as a graph (`/core`), what changed since the last visit (`/changes`). Actions (POST,
+each with its CSRF field): `/act/preview/SLUG` and `/act/save/SLUG` (correct a value),
+`/act/confirm|deny|restore|forget|remove/SLUG`; those that cannot be undone (deny,
+restore, forget, remove) have a GET confirmation page at the same path. After an action
+the browser is sent (303) to the memory's page, which reads the memory back from the
+relays; a refusal or a conflict is a page of its own with the relay's or the rule's
+words.
 
 No JavaScript anywhere: plain links and forms. Every path here is under the token prefix
 that `guard.Guard` checks and strips (`root_path`).
@@ -22,7 +25,7 @@ from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
@@ -31,23 +34,28 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from cli.errors import AgentMemoryError, BadInputError, NotFoundError
-from cli.memory.api import AgentMemory
-from cli.memory.review import actions, visits
+from cli.memory.api import AgentMemory, AuditReport, Log, sha256_hex
+from cli.memory.review import actions, listing, timeline, visits
 from cli.memory.review.actions import Outcome
 from cli.memory.review.diffs import diff_lines, normalize_newlines
 from cli.memory.review.graph import layout
 from cli.memory.review.guard import Csrf, FormError, read_form
-from cli.memory.review.snapshot import Row, Snapshot, take
+from cli.memory.review.snapshot import Snapshot, take
 from engram import CORE_SLUG
+from engram.live import ended
 from engram.nip19 import npub
+from engram.versions import Meta
 
 SEARCH_LIMIT = 50
 PREVIEW_CHARS = 120  # the start of a value in the list
 FLASH_KEEP = 64  # outcomes waiting for their page after a redirect (a bound, not a cache)
-SORTS = {"slug": "slug", "newest": "newest change first", "oldest": "oldest change first"}
-TRUST_STATES = ("guess", "stated", "confirmed", "denied")
-VALIDITY = {"": "any", "current": "holds now", "ended": "ended"}
 ASSETS = {"review.css": "text/css; charset=utf-8", "icon.svg": "image/svg+xml"}
+STATE_WORDS = {
+    "live": "live",
+    "removed": "removed",
+    "denied": "denied by the owner",
+    "forgotten": "forgotten",
+}
 
 
 def when(ts: int | None) -> str:
@@ -71,6 +79,15 @@ def start_of(value: str | None, chars: int = PREVIEW_CHARS) -> str:
     return text if len(text) <= chars else text[: chars - 1] + "…"
 
 
+def base_of(form: dict[str, str]) -> str:
+    """The sha256 of the value the page showed, which an action's form carries: an action
+    on a value the owner did not see is a conflict, never a silent write."""
+    base = form.get("base", "").strip().lower()
+    if len(base) != 64 or not all(c in "0123456789abcdef" for c in base):
+        raise FormError(400, "the form does not say which value it acts on: reload the page")
+    return base
+
+
 class Review:
     """One review session: the memory, its CSRF secret, the visit mark, the templates."""
 
@@ -92,7 +109,7 @@ class Review:
         self.env.globals.update(
             npub=npub,
             quote=lambda s: quote(s, safe="/"),
-            trust_states=TRUST_STATES,
+            state_words=STATE_WORDS,
         )
 
     # -- plumbing --
@@ -130,10 +147,7 @@ class Review:
                 title = "Not found" if exc.status == 404 else "Not accepted"
                 return self.render(request, "error.html", exc.status, title=title, why=exc)
             except (AgentMemoryError, TimeoutError) as exc:
-                outcome = actions.failed(exc)
-                return self.render(
-                    request, "error.html", outcome.status, title=outcome.title, why=outcome.message
-                )
+                return self.failure(request, actions.failed(exc))
 
         return run
 
@@ -174,8 +188,24 @@ class Review:
         base = request.scope.get("root_path", "")
         return RedirectResponse(f"{base}/m/{quote(slug, safe='/')}?r={key}", 303)
 
-    async def snapshot(self) -> Snapshot:
-        snap = await take(self.memory)
+    def failure(
+        self, request: Request, outcome: Outcome, retry: dict[str, str] | None = None
+    ) -> HTMLResponse:
+        """An action that did not happen, with the relay's or the rule's words; `retry`:
+        the form to do it anyway (force), when the rule that refused it allows that."""
+        again = retry if outcome.overridable and retry is not None else None
+        return self.render(
+            request,
+            "error.html",
+            outcome.status,
+            title=outcome.title,
+            why=outcome.message,
+            retry=again,
+            action=self._action(request),
+        )
+
+    async def snapshot(self, *, audit: bool = False) -> Snapshot:
+        snap = await take(self.memory, audit=audit)
         self.last_shown = visits.Mark.of(snap, int(time.time()))
         return snap
 
@@ -201,42 +231,20 @@ class Review:
     # -- pages --
 
     async def list_page(self, request: Request) -> Response:
-        params = request.query_params
-        q = params.get("q", "").strip()
-        sort = params.get("sort", "slug") if params.get("sort") in SORTS else "slug"
-        contains = params.get("contains", "").strip()
-        trust = params.get("trust", "") if params.get("trust") in TRUST_STATES else ""
-        validity = params.get("validity", "") if params.get("validity") in VALIDITY else ""
-        snap = await self.snapshot()
-        rows = [*([snap.core] if snap.core else []), *snap.live.values()]
+        query = listing.ListQuery.of(request.query_params)
+        snap = await self.snapshot(audit=True)
+        found: list[str] | None = None
         snippets: dict[str, str] = {}
-        search_error = ""
-        searched = ""
-        if q:
+        search_error = searched = ""
+        if query.q and not query.gone:
             try:
-                hits, searched = await self._find(q)
-                order = {h.slug: i for i, h in enumerate(hits)}
+                hits, searched = await self._find(query.q)
+                found = [h.slug for h in hits]
                 snippets = {h.slug: getattr(h, "snippet", "") for h in hits}
-                rows = sorted((r for r in rows if r.slug in order), key=lambda r: order[r.slug])
             except BadInputError as exc:
-                search_error = str(exc)
-                rows = []
-        else:
-            key: dict[str, Callable[[Row], Any]] = {
-                "slug": lambda r: (r.slug != CORE_SLUG, r.slug),
-                "newest": lambda r: (-r.created_at, r.slug),
-                "oldest": lambda r: (r.created_at, r.slug),
-            }
-            rows.sort(key=key[sort])
-        if contains:
-            rows = [r for r in rows if contains.lower() in r.slug]
-        if trust:
-            rows = [r for r in rows if r.trust == trust]
-        now = time.time()
-        if validity == "current":
-            rows = [r for r in rows if r.valid_until is None or r.valid_until > now]
-        elif validity == "ended":
-            rows = [r for r in rows if r.valid_until is not None and r.valid_until <= now]
+                search_error, found = str(exc), []
+        now = int(time.time())
+        rows = listing.select(snap, query, now, found)
         return self.render(
             request,
             "list.html",
@@ -244,31 +252,17 @@ class Review:
             title="Memories",
             snap=snap,
             rows=rows,
-            total=len(snap.live),
-            q=q,
+            total=len(snap.live) + (snap.core is not None),
+            query=query,
             searched=searched,
             search_error=search_error,
             snippets=snippets,
-            sort=sort,
-            sorts=SORTS,
-            contains=contains,
-            trust=trust,
-            validity=validity,
-            validities=VALIDITY,
-            query=lambda **kw: urlencode(
-                {
-                    k: v
-                    for k, v in {
-                        "q": q,
-                        "contains": contains,
-                        "trust": trust,
-                        "validity": validity,
-                        "sort": sort,
-                        **kw,
-                    }.items()
-                    if v
-                }
-            ),
+            sorts=listing.SORTS,
+            validities=listing.VALIDITY,
+            bys=listing.BY,
+            audits=listing.AUDIT,
+            trusts=listing.LIVE_TRUST,
+            ended=lambda r: listing.ended_row(r, now),
         )
 
     async def _find(self, q: str) -> tuple[list[Any], str]:
@@ -279,52 +273,60 @@ class Review:
             return found, "search"
         return list((await self.memory.recall(q, limit=SEARCH_LIMIT)).hits), "recall"
 
+    async def _log(self, slug: str) -> Log | None:
+        try:
+            return await self.memory.log(slug)
+        except NotFoundError:
+            return None
+
+    async def _audit(self, slug: str) -> AuditReport | str:
+        try:
+            return await self.memory.audit(slug)
+        except (AgentMemoryError, TimeoutError) as exc:
+            return str(exc) or type(exc).__name__
+
     async def memory_page(self, request: Request) -> Response:
         slug = self.slug_of(request)
-        flash = self._flash.pop(request.query_params.get("r", ""), None)
+        params = request.query_params
+        flash = self._flash.pop(params.get("r", ""), None)
         outcome = flash[1] if flash is not None and flash[0] == slug else None
-        got, snap = await asyncio.gather(
-            self.memory.get(slug), self.snapshot(), return_exceptions=True
+        snap, log, audited = await asyncio.gather(
+            self.snapshot(), self._log(slug), self._audit(slug)
         )
-        if isinstance(snap, BaseException):
-            raise snap
-        entry = None
-        if isinstance(got, NotFoundError):
-            entry = None
-        elif isinstance(got, BaseException):
-            raise got
-        else:
-            entry = got
         row = snap.core if slug == CORE_SLUG else snap.live.get(slug)
+        gone = snap.gone.get(slug)
+        now_row = row or gone
+        live_sha = sha256_hex(row.value or "") if row is not None else None
         readback = None
         if outcome is not None and outcome.ok and outcome.event_id:
-            readback = entry.event_id == outcome.event_id if entry else None
-        history = await self._history(slug) if self.abilities.history else None
+            readback = now_row is not None and now_row.event_id == outcome.event_id
+        items = timeline.build(log, live_sha256=live_sha, owner=self.abilities.owner) if log else []
+        compared = None
+        if log is not None and params.get("from") and params.get("to"):
+            compared = timeline.compare(log, params["from"], params["to"])
+        found = now_row is not None or log is not None
+        meta = Meta(valid_from=row.valid_from, valid_until=row.valid_until) if row else None
         return self.render(
             request,
             "memory.html",
-            200 if entry is not None else 404,
+            200 if found else 404,
             title=slug,
             slug=slug,
-            entry=entry,
             row=row,
-            removed=snap.removed.get(slug),
+            gone=gone,
+            now_row=now_row,
+            sha=live_sha,
+            ended=meta is not None and ended(meta, int(time.time())),
             refs=snap.refs_of(slug),
             referenced_by=snap.referenced_by(slug),
             outcome=outcome,
             readback=readback,
-            history=history,
-            report=(entry.report if entry else snap.report),
+            items=items,
+            compared=compared,
+            picked=(params.get("from", ""), params.get("to", "")),
+            audited=audited,
+            report=snap.report,
         )
-
-    async def _history(self, slug: str) -> list[Any] | None:
-        log = getattr(self.memory, "log", None)
-        if not callable(log):
-            return None
-        try:
-            return list(await log(slug))
-        except NotFoundError:
-            return []
 
     async def core_page(self, request: Request) -> Response:
         snap = await self.snapshot()
@@ -367,7 +369,6 @@ class Review:
             current = await self.memory.get(slug)
         except NotFoundError as exc:
             raise FormError(404, f"{slug} has no live value to correct") from exc
-        base = form.get("base", "")
         return self.render(
             request,
             "preview.html",
@@ -375,7 +376,7 @@ class Review:
             slug=slug,
             current=current,
             typed=typed,
-            moved=base != current.sha256,
+            moved=form.get("base", "") != current.sha256,
             diff=diff_lines(current.value, typed),
             outcome=None,
         )
@@ -384,7 +385,11 @@ class Review:
         slug = self.slug_of(request)
         form = request.state.form
         outcome = await actions.correct(
-            self.memory, slug, form.get("value", ""), form.get("base", "")
+            self.memory,
+            slug,
+            form.get("value", ""),
+            base_of(form),
+            force=form.get("force") == "yes",
         )
         if outcome.ok:
             return self.to_memory(request, slug, outcome)
@@ -408,60 +413,77 @@ class Review:
             outcome=outcome,
         )
 
-    async def remove(self, request: Request) -> Response:
-        slug = self.slug_of(request)
-        if request.method == "GET":
-            return await self._confirm_page(request, slug, "remove")
-        if request.state.form.get("confirm") != "yes":
-            raise FormError(400, "tick the confirmation box to remove this memory")
-        return self._after(request, slug, await actions.remove(self.memory, slug))
-
     async def confirm(self, request: Request) -> Response:
         slug = self.slug_of(request)
-        return self._after(request, slug, await actions.verdict(self.memory, "confirm", slug))
+        outcome = await actions.confirm(self.memory, slug, base_of(request.state.form))
+        return self._after(request, slug, outcome)
 
     async def deny(self, request: Request) -> Response:
         slug = self.slug_of(request)
         if request.method == "GET":
             return await self._confirm_page(request, slug, "deny")
-        reason = request.state.form.get("reason", "").strip()
+        form = request.state.form
+        reason = form.get("reason", "").strip()
         if not reason:
             raise FormError(400, "a denial needs a reason")
-        outcome = await actions.verdict(self.memory, "deny", slug, reason=reason)
+        outcome = await actions.deny(self.memory, slug, base_of(form), reason)
         return self._after(request, slug, outcome)
 
     async def restore(self, request: Request) -> Response:
         slug = self.slug_of(request)
-        rev = (request.query_params if request.method == "GET" else request.state.form).get(
-            "rev", ""
-        )
+        source = request.query_params if request.method == "GET" else request.state.form
+        rev = source.get("rev", "")
         if request.method == "GET":
             return await self._confirm_page(request, slug, "restore", rev=rev)
-        outcome = await actions.verdict(self.memory, "restore", slug, rev)
+        force = request.state.form.get("force") == "yes"
+        outcome = await actions.restore(self.memory, slug, rev, force=force)
+        return self._after(request, slug, outcome, retry={"rev": rev})
+
+    async def remove(self, request: Request) -> Response:
+        slug = self.slug_of(request)
+        if request.method == "GET":
+            return await self._confirm_page(request, slug, "remove")
+        form = request.state.form
+        if form.get("confirm") != "yes":
+            raise FormError(400, "tick the confirmation box to remove this memory")
+        outcome = await actions.remove(self.memory, slug, form.get("reason", "").strip())
         return self._after(request, slug, outcome)
 
     async def forget(self, request: Request) -> Response:
         slug = self.slug_of(request)
         if request.method == "GET":
             return await self._confirm_page(request, slug, "forget")
-        if request.state.form.get("confirm") != "yes":
+        form = request.state.form
+        if form.get("confirm") != "yes":
             raise FormError(400, "tick the confirmation box to forget this memory")
-        return self._after(request, slug, await actions.verdict(self.memory, "forget", slug))
+        outcome = await actions.forget(self.memory, slug, form.get("reason", "").strip())
+        return self._after(request, slug, outcome)
 
-    def _after(self, request: Request, slug: str, outcome: Outcome) -> Response:
+    def _after(
+        self, request: Request, slug: str, outcome: Outcome, retry: dict[str, str] | None = None
+    ) -> Response:
         if outcome.ok:
             return self.to_memory(request, slug, outcome)
-        return self.render(
-            request, "error.html", outcome.status, title=outcome.title, why=outcome.message
-        )
+        return self.failure(request, outcome, retry)
 
     async def _confirm_page(
-        self, request: Request, slug: str, action: str, **extra: str
+        self, request: Request, slug: str, action: str, rev: str = ""
     ) -> Response:
+        """What the action would do, before it is done: the value now and, for a restore,
+        the version to restore and its difference from the value now."""
         try:
             entry = await self.memory.get(slug)
         except NotFoundError:
             entry = None
+        version = diff = None
+        if action == "restore":
+            log = await self._log(slug)
+            picked = [v for v in log.versions if v.id == rev] if log else []
+            if log is None or not picked:
+                raise FormError(404, f"{slug} has no version {rev or '(none given)'}")
+            version = picked[0]
+            text = timeline.text_of(log, version)
+            diff = diff_lines(entry.value if entry else "", text) if text is not None else None
         return self.render(
             request,
             "confirm.html",
@@ -469,5 +491,8 @@ class Review:
             slug=slug,
             action=action,
             entry=entry,
-            **extra,
+            value_base=actions.base_of(entry.value if entry else None),
+            rev=rev,
+            version=version,
+            diff=diff,
         )

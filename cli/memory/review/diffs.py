@@ -20,8 +20,8 @@ def normalize_newlines(text: str) -> str:
 def diff_lines(old: str, new: str, context: int = 3) -> list[DiffLine]:
     """A unified diff of `old` -> `new` by lines; empty when they are equal.
 
-    A last line without a newline is followed by a note, as `diff` prints one, so that a
-    change of the final newline alone is visible."""
+    A changed last line without a newline is followed by a note, as `diff` prints one, so
+    that a change of the final newline alone is visible."""
     if old == new:
         return []
     out: list[DiffLine] = []
@@ -36,9 +36,7 @@ def diff_lines(old: str, new: str, context: int = 3) -> list[DiffLine]:
             continue
         kind = {"+": "add", "-": "del"}.get(line[:1], "same")
         body = line[1:]
-        if body.endswith("\n"):
-            out.append(DiffLine(kind, body[:-1]))
-        else:
-            out.append(DiffLine(kind, body))
+        out.append(DiffLine(kind, body.removesuffix("\n")))
+        if not body.endswith("\n") and kind != "same":  # a context line needs no note
             out.append(DiffLine("note", "\\ No newline at end of value"))
     return out

@@ -3,22 +3,30 @@ rows, each what its slug reads as under the memory's rule (`engram.live`: owner 
 outrank the agent's own state; removed, denied and forgotten memories have no value).
 
 A row carries the version that decides the slug (its id, time, the key that signed it,
-agent or owner, trust, source, validity). Reading goes through `AgentMemory` only.
+agent or owner, trust, source, validity) and, for a memory that does not read as live,
+its state and the reason the tombstone, denial or forget gave. Reading goes through
+`AgentMemory` only (`views()`, and `audit()` for the list's audit column).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
 
+from cli.errors import AgentMemoryError
 from cli.memory.api import AgentMemory, SetReport
 from engram import CORE_SLUG, d_tag, extract_refs, reachability
+from engram.chain import Finding
+from engram.live import DENIED, LIVE
+
+CLEAN = "clean"
 
 
 @dataclass(frozen=True)
 class Row:
-    """One slug as it reads. `value` is None for a removed, denied or forgotten memory;
-    `event_id` names the version that decides it (a revision, an owner verdict, or a
-    plain NIP-AE head)."""
+    """One slug as it reads. `value` is None unless `state` is live; `event_id` names the
+    version that decides it (a revision, an owner verdict, or a plain NIP-AE head)."""
 
     slug: str
     value: str | None
@@ -27,23 +35,31 @@ class Row:
     author: str  # the signing key, hex
     role: str  # "agent" or "owner"
     d: str  # the blinded address the relays already see (no content)
-    trust: str | None = None  # issue 39: guess | stated | confirmed | denied
+    trust: str | None = None  # guess | stated | confirmed | denied
     source: str | None = None
     valid_from: int | None = None
     valid_until: int | None = None
-    audit: str | None = None  # issue 39: "clean" or what `audit` found
+    audit: str | None = None  # "clean", the audit's finding kinds, or None (not audited)
+    state: str = LIVE  # live | removed | denied | forgotten (engram.live)
+    reason: str | None = None  # why it was removed, denied or forgotten
+
+    @property
+    def live(self) -> bool:
+        return self.state == LIVE
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Live memories, core and removed (also denied, forgotten) memories, with what the
-    relay set said."""
+    """Live memories, core, and the memories that do not read as live (removed, denied,
+    forgotten: `gone`, never with a value), with what the relay set said."""
 
     live: dict[str, Row]
     core: Row | None
-    removed: dict[str, Row]
+    gone: dict[str, Row]
     report: SetReport
     edges: dict[str, list[str]] = field(default_factory=dict)  # slug -> [[refs]] in order
+    findings: dict[str, list[Finding]] = field(default_factory=dict)  # slug -> audit findings
+    audit_error: str | None = None  # why the audit could not run (the rows say None)
 
     def referenced_by(self, slug: str) -> list[str]:
         """Slugs (core first) whose value links to `slug`."""
@@ -61,39 +77,68 @@ class Snapshot:
         return found.reachable, found.orphans, found.dangling
 
 
-async def take(memory: AgentMemory) -> Snapshot:
-    """Every slug as it reads, across the relay set (one read)."""
-    views, report = await memory.views()
+async def take(memory: AgentMemory, *, audit: bool = False) -> Snapshot:
+    """Every slug as it reads, across the relay set (one read); `audit` also runs the
+    mutation audit of the whole memory and fills each row's `audit`."""
+    if audit:
+        views_got, audited = await asyncio.gather(
+            memory.views(), memory.audit(), return_exceptions=True
+        )
+        if isinstance(views_got, BaseException):
+            raise views_got
+        views, report = views_got
+    else:
+        views, report = await memory.views()
+        audited = None
     ident = memory.identity
     live: dict[str, Row] = {}
-    removed: dict[str, Row] = {}
+    gone: dict[str, Row] = {}
     core: Row | None = None
     for slug, view in views.items():
         version = view.version
         if version is None:
             continue
         meta = version.meta
-        value = view.text
+        decider = view.denial or version  # a withheld value: the verdict says why
         row = Row(
             slug,
-            value,
+            view.text,
             version.id,
             version.created_at,
             version.author,
             version.role,
             d_tag(ident.conversation_key, slug),
-            trust=meta.trust,
-            source=meta.source,
-            valid_from=meta.valid_from,
-            valid_until=meta.valid_until,
+            trust=DENIED if view.state == DENIED else meta.trust,
+            source=meta.source if view.live else None,
+            valid_from=meta.valid_from if view.live else None,
+            valid_until=meta.valid_until if view.live else None,
+            state=view.state,
+            reason=None if view.live else decider.meta.reason,
         )
-        if slug == CORE_SLUG:
-            core = row if value is not None else None
-        elif value is None:
-            removed[slug] = row
+        if not view.live:
+            gone[slug] = row
+        elif slug == CORE_SLUG:
+            core = row
         else:
             live[slug] = row
+    findings: dict[str, list[Finding]] = defaultdict(list)
+    error = None
+    if isinstance(audited, AgentMemoryError | TimeoutError):
+        error = str(audited) or type(audited).__name__
+    elif isinstance(audited, BaseException):
+        raise audited
+    elif audited is not None:
+        for finding in audited.findings:
+            findings[finding.slug].append(finding)
+
+        def audited_row(r: Row) -> Row:
+            kinds = sorted({f.kind for f in findings.get(r.slug, [])})
+            return replace(r, audit=", ".join(kinds) or CLEAN)
+
+        live = {s: audited_row(r) for s, r in live.items()}
+        gone = {s: audited_row(r) for s, r in gone.items()}
+        core = audited_row(core) if core is not None else None
     edges = {s: extract_refs(r.value or "") for s, r in live.items()}
     if core is not None:
         edges = {CORE_SLUG: extract_refs(core.value or ""), **edges}
-    return Snapshot(live, core, removed, report, edges)
+    return Snapshot(live, core, gone, report, edges, dict(findings), error)

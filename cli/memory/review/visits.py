@@ -84,13 +84,14 @@ def save(path: Path, mark: Mark) -> None:
 
 @dataclass(frozen=True)
 class Change:
-    kind: str  # "new" | "changed" | "removed"
+    kind: str  # "new" | "changed" | "removed" | "denied" | "forgotten"
     slug: str | None  # None: a head that is gone from every relay, not even a tombstone
-    row: Row | None  # the current head (for removed: its tombstone, when there is one)
+    row: Row | None  # what it reads as now (a removal, denial or forget: no value)
 
 
 def changes(snapshot: Snapshot, mark: Mark | None) -> list[Change]:
-    """New and changed memories (newest first), then removed ones, against `mark`."""
+    """New and changed memories (newest first), then those no longer live (removed,
+    denied, forgotten), against `mark`."""
     seen = mark.heads if mark is not None else {}
     rows = [*snapshot.live.values(), *([snapshot.core] if snapshot.core else [])]
     out = [
@@ -99,9 +100,9 @@ def changes(snapshot: Snapshot, mark: Mark | None) -> list[Change]:
         if seen.get(r.d, ("", 0))[0] != r.event_id
     ]
     now_live = {r.d for r in rows}
-    tombs = {r.d: r for r in snapshot.removed.values()}
+    tombs = {r.d: r for r in snapshot.gone.values()}
     for d in sorted(seen):
         if d not in now_live:
             row = tombs.get(d)
-            out.append(Change("removed", row.slug if row else None, row))
+            out.append(Change(row.state if row else "removed", row.slug if row else None, row))
     return out
