@@ -39,12 +39,13 @@ def review_command(
         ),
     ] = DEFAULT_IDLE,
 ) -> None:
-    """Review an agent's memory in the browser: read, search, correct and remove.
+    """Review an agent's memory in the browser: read it with its history, find, correct,
+    confirm, deny, restore and forget.
 
     Serves on 127.0.0.1 (a free port) and prints a URL with a fresh token; every request
-    without that token is refused. With --agent NPUB the key held is the owner's; without
-    it the key is the agent's and the page acts as the agent. Stops on Ctrl-C, or after
-    --idle-timeout seconds without a request.
+    without that token is refused. With --agent NPUB the key held is the owner's and every
+    action is an owner verdict; without it the key is the agent's and the page acts as the
+    agent. Stops on Ctrl-C, or after --idle-timeout seconds without a request.
     """
     from cli.memory.review.server import serve
 

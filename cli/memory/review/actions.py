@@ -54,9 +54,8 @@ class Abilities:
     """Which actions this session takes, and why not where it cannot."""
 
     owner: bool
-    remove: bool  # the agent's tombstone
+    remove: bool  # the agent's tombstone (the owner denies instead)
     verdicts: bool  # the owner's confirm and deny
-    why_not_remove: str
     why_not_verdicts: str
     correct: bool = True  # the agent's write, or the owner's correction
     restore: bool = True
@@ -71,9 +70,6 @@ def abilities(memory: AgentMemory) -> Abilities:
         owner=owner,
         remove=not owner,
         verdicts=owner,
-        why_not_remove="the owner does not remove a memory: deny it (with a reason)"
-        if owner
-        else "",
         why_not_verdicts=(
             ""
             if owner

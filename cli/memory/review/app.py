@@ -440,24 +440,28 @@ class Review:
         return self._after(request, slug, outcome, retry={"rev": rev})
 
     async def remove(self, request: Request) -> Response:
-        slug = self.slug_of(request)
-        if request.method == "GET":
-            return await self._confirm_page(request, slug, "remove")
-        form = request.state.form
-        if form.get("confirm") != "yes":
-            raise FormError(400, "tick the confirmation box to remove this memory")
-        outcome = await actions.remove(self.memory, slug, form.get("reason", "").strip())
-        return self._after(request, slug, outcome)
+        return await self._ticked(request, "remove", actions.remove)
 
     async def forget(self, request: Request) -> Response:
+        return await self._ticked(request, "forget", actions.forget)
+
+    async def _ticked(
+        self,
+        request: Request,
+        action: str,
+        act: Callable[[AgentMemory, str, str | None], Awaitable[Outcome]],
+    ) -> Response:
+        """An action that asks first (GET: the confirmation page), then needs its box
+        ticked; the optional reason goes with it."""
         slug = self.slug_of(request)
         if request.method == "GET":
-            return await self._confirm_page(request, slug, "forget")
+            return await self._confirm_page(request, slug, action)
         form = request.state.form
         if form.get("confirm") != "yes":
-            raise FormError(400, "tick the confirmation box to forget this memory")
-        outcome = await actions.forget(self.memory, slug, form.get("reason", "").strip())
-        return self._after(request, slug, outcome)
+            raise FormError(400, f"tick the confirmation box to {action} this memory")
+        return self._after(
+            request, slug, await act(self.memory, slug, form.get("reason", "").strip())
+        )
 
     def _after(
         self, request: Request, slug: str, outcome: Outcome, retry: dict[str, str] | None = None
