@@ -21,7 +21,7 @@ from engram.nip01 import Event, pubkey_of
 from relay.config import Settings
 from relay.filters import Filter
 from relay.store.postgres import PostgresStore
-from relay.store.sql import SEARCH_WALK, build_count, build_query, tag_key
+from relay.store.sql import SEARCH_WALK, build_count, build_items, build_query, tag_key
 
 ROWS = 20_000
 SK = bytes([7]) * 32
@@ -227,6 +227,63 @@ async def test_count_of_a_tag_reads_its_index_entries_only(
         ), plan
         assert rows_touched({"Node Type": "", "Plans": rows}) == 0, plan
         assert await store.count([f], TENANT, viewer) == ROWS
+
+
+@pytest.mark.parametrize("joins", ["the planner's choice", "nested loops only"])
+@pytest.mark.parametrize("authors", [True, False])
+async def test_negentropy_set_of_new_engrams_reads_each_row_once(
+    database_url: str, joins: str, authors: bool
+) -> None:
+    """NIP-77's whole-set read for an agent's engrams (kinds 30174, the author, `#p` the
+    owner; and the same without the author) right after they were written, before any
+    ANALYZE (autovacuum lags a bulk write): whatever join the planner may pick, each
+    engram costs its row and an entry of event_tags, never a range of the owner's
+    entries per row (that plan read 50M entries for 10,000 engrams and timed out)."""
+    n = 3_000
+    agent, owner = "cd" * 32, "ef" * 32
+    store = await PostgresStore.open(database_url, Settings())
+    try:
+        conn = await asyncpg.connect(database_url)
+        try:
+            for table in ("events", "event_tags"):
+                await conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+        finally:
+            await conn.close()
+        await seed(
+            database_url,
+            """
+            INSERT INTO events (tenant, id, pubkey, created_at, kind, d, owner, tagvals,
+                                content, sig, raw)
+            SELECT $1, sha256(int4send(g)), $2, 1700000000 + g / 3, 30174, 'slug-' || g,
+                   decode($3, 'hex'), ARRAY['d:slug-' || g, 'p:' || $3], '', NULL,
+                   convert_to('{}', 'UTF8')
+            FROM generate_series(1, $4) g
+            """,
+            TENANT,
+            bytes.fromhex(agent),
+            owner,
+            n,
+            then="SELECT 1",  # no statistics yet
+        )
+        f = Filter(kinds=[30174], authors=[agent] if authors else None, tags={"p": [owner]})
+        built = build_items(f, TENANT, agent, 1_800_000_000, 500_001)
+        assert built is not None
+        conn = await asyncpg.connect(database_url)
+        try:
+            async with conn.transaction():
+                if joins == "nested loops only":
+                    await conn.execute("SET LOCAL enable_hashjoin = off")
+                    await conn.execute("SET LOCAL enable_mergejoin = off")
+                text = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + built[0], *built[1])
+        finally:
+            await conn.close()
+        plan = json.loads(text)[0]["Plan"]
+        assert rows_touched(plan) <= 3 * n, plan
+        stamps, ids = await store.negentropy_items(f, TENANT, agent)
+        assert len(stamps) == n and len(ids) == 32 * n
+        assert stamps == sorted(stamps)
+    finally:
+        await store.close()
 
 
 # --- event_tags follows every write ---------------------------------------------------

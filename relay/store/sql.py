@@ -901,15 +901,49 @@ def build_items(
     The same conditions as REQ (private read gate, NIP-40 expiry; deleted rows are gone);
     the filter's own `limit` is ignored, as a negentropy set is the whole match. One
     row: the ids as one bytea, the timestamps as one array.
-    """
+
+    Which index is read is fixed here, not left to the planner, because a whole set is
+    read right after it was written (a first sync, an agent's new engrams) when the
+    statistics still call it one row: ids or authors bound the scan (the author index;
+    tags recheck the row's `tagvals`), else the first tag's entries in event_tags drive
+    it (one probe of `events` by key per entry). Left to the planner, the engram filter
+    (kinds 30174, the agent, `#p` the owner) became a nested loop that read the owner's
+    whole range of event_tags for every engram: 50M index entries for 10,000 engrams, a
+    NEG-OPEN that timed out after 10 s."""
     p = _Params(tenant, viewer, now, private)
-    conds = p.conditions(f)
+    conds = p.conditions(f, bounded=True)
     if conds is None:
         return None
     where = " AND ".join(["tenant = $1", "created_at >= 0", *conds])
+    name = None
+    if f.ids is None and f.authors is None:
+        name = next((n for n, values in f.tags.items() if values), None)
+    if name is None:
+        select = f"SELECT created_at, id FROM events WHERE {where}"
+    else:
+        keys = list(dict.fromkeys(tag_key(name, v) for v in f.tags[name]))
+        tag = (
+            f"tag = tag_hash({p.add(keys[0])}::text)"
+            if len(keys) == 1
+            else f"tag = ANY(ARRAY(SELECT tag_hash(k) FROM unnest({p.add(keys)}::text[]) k))"
+        )
+        span = ""
+        if f.since is not None:
+            span += f" AND created_at >= {p.add(f.since)}::int8"
+        if f.until is not None:
+            span += f" AND created_at <= {p.add(f.until)}::int8"
+        kinds = _kinds(f)
+        if kinds:  # never empty here: p.conditions returned None for that
+            span += " AND " + _eq("kind", p.add(_one_or_all(kinds)), "int4", len(kinds))
+        # an event carrying several of the values has an entry for each: DISTINCT
+        select = (
+            f"SELECT e.created_at, e.id FROM (SELECT DISTINCT id FROM event_tags"
+            f" WHERE tenant = $1 AND {tag}{span}) x"
+            f" CROSS JOIN LATERAL (SELECT created_at, id FROM events WHERE {where}"
+            " AND id = x.id) e"
+        )
     return (
         "SELECT count(*), coalesce(string_agg(id, ''::bytea ORDER BY created_at, id), ''::bytea),"
         " coalesce(array_agg(created_at ORDER BY created_at, id), '{}'::int8[])"
-        f" FROM (SELECT created_at, id FROM events WHERE {where}"
-        f" ORDER BY created_at, id LIMIT {p.add(limit)}::int8) s"
+        f" FROM ({select} ORDER BY created_at, id LIMIT {p.add(limit)}::int8) s"
     ), p.values
