@@ -17,6 +17,12 @@ the same kind of fact about someone else).
 
 `held_out(entity)` splits by entity, from the seed, before anything is measured: questions
 about held-out people and projects are never used to tune recall.
+
+`build_fresh()` is a second set made the same way from another seed, about other people
+(no name of the seed-38 set) and other projects (`FRESH_PROJECTS`): every question of it is
+held out. It was frozen (`FRESH_DIGEST`, checked on every build) before recall was ever
+measured on it: the seed-38 held-out split had been looked at twice while recall was
+being tuned, so it no longer counts as unseen.
 """
 
 from __future__ import annotations
@@ -235,6 +241,15 @@ PROJECTS = [
     "saffron",
     "tempo",
 ]
+# the fresh set's projects: none of PROJECTS
+FRESH_PROJECTS = """
+    acorn alder amber anchor arbor argon aspen bamboo birch bluff bramble breeze brook
+    cairn cascade cinder cobalt coral crest cypress dawn drift dusk elm estuary fern fable
+    flare forge galena grove hazel heron hollow ivy jetty kelp larch ledger linden marble
+    marsh mesa mistral moss nectar oak orchid pine quill reef rowan sage shale slate sorrel
+    thistle
+""".split()  # noqa: SIM905
+FRESH_SEED = 3802
 ORGS = [
     "Fennel",
     "Brightwave",
@@ -702,11 +717,20 @@ def _date(rng: random.Random, lo: int = 2019, hi: int = 2026) -> tuple[str, str]
     return said, f"{MONTHS[m - 1]} {y}"
 
 
-def build(seed: int = 38, people: int = 380, projects: int = 60, notes: int = 400) -> EvalSet:
-    """At least 5,000 memories and 1,000 questions for the defaults."""
+def build(
+    seed: int = 38,
+    people: int = 380,
+    projects: int = 60,
+    notes: int = 400,
+    *,
+    exclude: frozenset[str] = frozenset(),
+    project_pool: list[str] = PROJECTS,
+) -> EvalSet:
+    """At least 5,000 memories and 1,000 questions for the defaults; no person named in
+    `exclude`, projects from `project_pool`."""
     rng = random.Random(seed)
     names: list[str] = []
-    seen: set[str] = set()
+    seen: set[str] = set(exclude)
     while len(names) < people:
         n = f"{rng.choice(FIRST).title()} {rng.choice(LAST).title()}"
         if n not in seen:
@@ -763,7 +787,7 @@ def build(seed: int = 38, people: int = 380, projects: int = 60, notes: int = 40
             questions.append(
                 Question(rng.choice(ft.asks).format(s=name), "absent", [], name, ft.name)
             )
-    project_names = rng.sample(PROJECTS, k=min(projects, len(PROJECTS)))
+    project_names = rng.sample(project_pool, k=min(projects, len(project_pool)))
     for proj in project_names:
         title = proj.title()
         lead = rng.choice(names)
@@ -838,3 +862,26 @@ def build(seed: int = 38, people: int = 380, projects: int = 60, notes: int = 40
         if q.kind == "absent":
             q.others = [m.slug for m in memories if m.fact == q.fact]
     return EvalSet(seed, memories, questions)
+
+
+def digest(evalset: EvalSet) -> str:
+    """sha256 of everything a set holds (memories and questions), to freeze it."""
+    h = hashlib.sha256()
+    for m in evalset.memories:
+        h.update(f"{m.slug}\x00{m.value}\x00{m.created_at}\x00{m.entity}\n".encode())
+    for q in evalset.questions:
+        h.update(f"{q.text}\x00{q.kind}\x00{','.join(q.needed)}\x00{q.entity}\n".encode())
+    return h.hexdigest()
+
+
+FRESH_DIGEST = "a05c1c1024848fc58963301a9b24eeee0221cc11c466352cacd18af097781486"
+
+
+def build_fresh() -> EvalSet:
+    """The fresh held-out set (see the module docstring); refuses to be anything but the
+    set that was frozen."""
+    used = frozenset(m.entity for m in build(38).memories if m.entity[:1].isupper())
+    fresh = build(FRESH_SEED, exclude=used, project_pool=FRESH_PROJECTS)
+    if digest(fresh) != FRESH_DIGEST:
+        raise RuntimeError("the fresh evaluation set changed since it was frozen")
+    return fresh

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -106,9 +106,16 @@ def mcp_command(
         host, port = bind
         shown = f"[{host}]" if ":" in host else host
         server = build_server(memory, timeout, bearer, f"http://{shown}:{port}")
+
+    async def then_close(serve: Any) -> None:
+        try:
+            await serve()
+        finally:
+            await memory.close()  # the recall cache's waiting change, if any
+
     try:
         if bind is None:
-            anyio.run(server.run_stdio_async)
+            anyio.run(then_close, server.run_stdio_async)
             return
         if not _is_loopback(host):
             log.warning(
@@ -117,7 +124,7 @@ def mcp_command(
                 host,
             )
         typer.echo(f"engram mcp: serving http://{shown}:{port}{MCP_PATH}", err=True)
-        anyio.run(lambda: server.run_streamable_http_async(host=host, port=port))
+        anyio.run(then_close, lambda: server.run_streamable_http_async(host=host, port=port))
     except KeyboardInterrupt:
         pass
 

@@ -180,7 +180,9 @@ def memory(
     agent: str | None,
     timeout: float,
 ) -> AgentMemory:
-    return AgentMemory(load_identity(key_file, owner, agent), relay_urls(relay), timeout=timeout)
+    return AgentMemory(
+        load_identity(key_file, owner, agent), relay_urls(relay), timeout=timeout, one_shot=True
+    )
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -589,7 +591,6 @@ def recall(
     from cli.memory.recall.present import hit_json, hit_line
 
     mem = memory(relay, owner, key_file, agent, timeout)
-    mem.recaller().background = False  # a one-shot process: no exact check behind its back
     found = run(_then_close(mem, mem.recall(query, limit, valid_now=valid_now)))
     report(found.report, json_out)
     if json_out:

@@ -66,15 +66,21 @@ async def fetch_all(
     *,
     max_pages: int = MAX_PAGES,
     on_page: Callable[[Fetched], None] | None = None,
+    take: Callable[[list[Event]], None] | None = None,
 ) -> Fetched:
     """Page through every event matching `nostr_filter` (its limit is ignored; its
     `until`, if any, is where paging starts).
 
     With a known `max_limit`, a page shorter than it is the last. Without one the relay
     may clamp silently, so paging continues until a page brings no new event.
+
+    `take`, for a reader that cannot hold every event at once: each page's new events go
+    to it as they arrive and are not kept (`events` stays empty; their ids are kept, to
+    tell new events from those seen).
     """
     page_size = max_limit or DEFAULT_PAGE
     out = Fetched()
+    known: dict[str, Event] | set[str] = out.events if take is None else set()
     base = {k: v for k, v in nostr_filter.items() if k not in ("limit", "until")}
     until: int | None = nostr_filter.get("until")
     while True:
@@ -90,12 +96,10 @@ async def fetch_all(
             return out
         if until is not None and any(e.created_at > until for e in page):
             out.ignores_until = True  # the same newest events again: no way further back
-            for e in page:
-                out.events.setdefault(e.id, e)
+            _keep(out, known, _unseen(page, known), take)
             return out
-        new = [e for e in page if e.id not in out.events]
-        for e in new:
-            out.events[e.id] = e
+        new = _unseen(page, known)
+        _keep(out, known, new, take)
         if on_page is not None:
             on_page(out)
         short = len(page) < page_size
@@ -110,3 +114,23 @@ async def fetch_all(
             until = oldest - 1
             continue
         until = oldest
+
+
+def _unseen(page: list[Event], known: dict[str, Event] | set[str]) -> list[Event]:
+    return list({e.id: e for e in page if e.id not in known}.values())
+
+
+def _keep(
+    out: Fetched,
+    known: dict[str, Event] | set[str],
+    new: list[Event],
+    take: Callable[[list[Event]], None] | None,
+) -> None:
+    if take is None:
+        for e in new:
+            out.events[e.id] = e
+        return
+    assert isinstance(known, set)
+    known.update(e.id for e in new)
+    if new:
+        take(new)

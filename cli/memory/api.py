@@ -374,7 +374,7 @@ class AgentMemory(HistoryOps, VerdictOps, AuditOps, TransferOps, RecallOps, Memo
         (a ConflictError).
 
         `similar` in the result names existing memories whose cosine similarity to the
-        value is at least `RecallSettings.similar` (0.80): patch or merge them rather than
+        value is at least `RecallSettings.similar` (0.60): patch or merge them rather than
         keep a near-duplicate. Nothing is refused for it."""
         slug = self.slug(slug)
         meta = self._meta(trust, source, valid_from, valid_until)

@@ -113,6 +113,11 @@ class MemoryBase:
     `identity` says whose memory and which key is held (`identity.as_owner`: the owner's
     key, which reads everything and writes owner verdicts only). Every method bounds its
     whole exchange with `timeout` seconds.
+
+    The recall index lives as long as the object: `one_shot` (a CLI run) keeps no exact
+    check running in the background and saves the index's cache at once; otherwise the
+    object follows the relays in the background and saves within seconds of a change
+    (`close()` writes what is still waiting).
     """
 
     def __init__(
@@ -122,11 +127,13 @@ class MemoryBase:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         recall_dir: Path | None = None,
+        one_shot: bool = False,
     ) -> None:
         self.identity = identity
         self.relays = parse_relays(relays)
         self.timeout = timeout
         self.recall_dir = recall_dir  # None: the user's data dir (`cli.memory.recall.cache`)
+        self.one_shot = one_shot
         self._recall: Recall | None = None
 
     @property

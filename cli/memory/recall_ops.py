@@ -18,6 +18,7 @@ class RecallOps(MemoryBase):
     """The recall methods of `AgentMemory`."""
 
     _recall: Recall | None
+    one_shot: bool
 
     def recaller(self) -> Recall:
         """This object's recall index (loaded on first use, then kept current)."""
@@ -25,12 +26,17 @@ class RecallOps(MemoryBase):
             from cli.memory.recall import Recall
 
             self._recall = Recall(
-                self.identity, self.relays, self.timeout, cache_dir=self.recall_dir
+                self.identity,
+                self.relays,
+                self.timeout,
+                cache_dir=self.recall_dir,
+                background=not self.one_shot,
             )
         return self._recall
 
     async def close(self) -> None:
-        """Close the connections the recall index keeps (other calls keep none)."""
+        """Close the connections the recall index keeps (other calls keep none) and save
+        its cache if a change is waiting."""
         if self._recall is not None:
             await self._recall.close()
 

@@ -26,13 +26,15 @@ import msgspec
 import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from cli.memory.recall.index import Known, RecallIndex, dequantize, quantize
+from cli.memory.recall.index import Known, RecallIndex
+from cli.memory.recall.lexical import Terms
 
-MAGIC = b"engram-recall-cache/2\n"  # 2: each entry's version, trust, role and validity
+MAGIC = b"engram-recall-cache/3\n"  # 3: slug-and-value vectors, lexical terms, seen events, trust
 KEY_LABEL = b"engram/recall-cache/v1"
+CHUNK = 1 << 20  # bytes encrypted or decrypted at a time
 APP_NAME = "engram-relay"  # the same data directory as `engram serve`'s embedded PostgreSQL
 
 
@@ -52,9 +54,17 @@ class Payload(msgspec.Struct, array_like=True):
     live_vectors: bytes  # int8, rows of the live entries in order
     scales: bytes  # float32 per live row
     relays: dict[str, int]  # relay -> newest created_at it has given us
-    checked: float = 0.0  # when the last exact reconciliation ran (unix seconds)
+    checked: dict[str, float]  # relay -> when it was last read exactly (unix seconds)
+    seen_at: list[int]  # events seen that are no head (older versions, invalid): their
+    seen_ids: bytes  # created_at and ids, so that NIP-77 does not fetch them again
+    # the live entries' lexical terms (lexical.Terms; int32 arrays): no re-tokenizing
+    vocab: list[str]
+    term_counts: bytes
+    term_ids: bytes
+    term_tfs: bytes
+    term_lengths: bytes
     # per entry, in `slugs` order: (version, trust, role, valid_from, valid_until)
-    about: list[tuple[str, str | None, str, int | None, int | None]] = []
+    about: list[tuple[str, str | None, str, int | None, int | None]]
 
 
 class CacheFile:
@@ -67,22 +77,52 @@ class CacheFile:
         self.header = MAGIC + f"{agent}\n{owner}\n{model}\n".encode()
         name = hashlib.sha256(self.header).hexdigest()[:32]
         self.path = self.directory / f"{name}.bin"
-        key = HKDF(hashes.SHA256(), 32, salt=None, info=KEY_LABEL).derive(conversation_key)
-        self._aead = AESGCM(key)
+        self._key = HKDF(hashes.SHA256(), 32, salt=None, info=KEY_LABEL).derive(conversation_key)
+
+    def _open_file(self) -> bytearray | None:
+        """The decrypted payload, or None when there is none or it fails to open. AES-GCM
+        a MiB at a time (header | nonce | ciphertext | tag, as AESGCM writes it): the file
+        and its plaintext are never both in memory, and nothing is used before the tag
+        checks."""
+        try:
+            fh = self.path.open("rb")
+        except OSError:
+            return None
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size < len(self.header) + 12 + 16 or fh.read(len(self.header)) != self.header:
+                return None
+            nonce = fh.read(12)
+            body = size - len(self.header) - 12 - 16
+            fh.seek(size - 16)
+            tag = fh.read(16)
+            fh.seek(len(self.header) + 12)
+            dec = Cipher(algorithms.AES(self._key), modes.GCM(nonce, tag)).decryptor()
+            dec.authenticate_additional_data(self.header)
+            plain = bytearray(body + 15)  # update_into wants room for a block more
+            view, at = memoryview(plain), 0
+            while at < body:
+                chunk = fh.read(min(CHUNK, body - at))
+                if not chunk:
+                    return None
+                at += dec.update_into(chunk, view[at:])
+            try:
+                at += len(dec.finalize())
+            except InvalidTag:
+                return None
+            view.release()
+        del plain[at:]
+        return plain
 
     def load(self, index: RecallIndex) -> Payload | None:
         """Fill `index` from the file; None (index untouched) when there is none or it fails
         to open for any reason: the caller then builds from the relays."""
-        try:
-            data = self.path.read_bytes()
-        except OSError:
+        plain = self._open_file()
+        if plain is None:
             return None
         try:
-            if not data.startswith(self.header) or len(data) < len(self.header) + 12 + 16:
-                return None
-            nonce = data[len(self.header) : len(self.header) + 12]
-            plain = self._aead.decrypt(nonce, data[len(self.header) + 12 :], self.header)
             payload = msgspec.msgpack.decode(plain, type=Payload)
+            del plain
             n = len(payload.slugs)
             sizes = (len(payload.ids), len(payload.created), len(payload.values))
             if sizes != (n, n, n) or len(payload.about) != n:
@@ -93,9 +133,25 @@ class CacheFile:
             scales = np.frombuffer(payload.scales, dtype=np.float32)
             if q.size != live * dim or scales.size != live:
                 return None
+            if len(payload.seen_ids) != 32 * len(payload.seen_at):
+                return None
+            terms = Terms(
+                payload.vocab,
+                np.frombuffer(payload.term_counts, dtype=np.int32),
+                np.frombuffer(payload.term_ids, dtype=np.int32),
+                np.frombuffer(payload.term_tfs, dtype=np.int32),
+                np.frombuffer(payload.term_lengths, dtype=np.int32),
+            )
+            total = int(terms.counts.sum())
+            if not (len(terms.counts) == len(terms.lengths) == live):
+                return None
+            if not (len(terms.ids) == len(terms.tfs) == total) or (terms.counts < 0).any():
+                return None
+            if total and not (terms.ids.min() >= 0 and terms.ids.max() < len(terms.vocab)):
+                return None
         except (InvalidTag, ValueError, msgspec.DecodeError, msgspec.ValidationError):
             return None
-        vectors = dequantize(q.reshape(live, dim), scales)
+        vectors = (q.reshape(live, dim), scales)
         index.put(
             {
                 s: Known(i, c, v, *about)
@@ -109,36 +165,55 @@ class CacheFile:
                 )
             },
             vectors,
+            terms,
         )
         return payload
 
-    def save(self, index: RecallIndex, relays: dict[str, int], checked: float) -> None:
+    def save(
+        self,
+        index: RecallIndex,
+        relays: dict[str, int],
+        checked: dict[str, float],
+        seen: dict[str, int],
+    ) -> None:
         """Write the index atomically (a temporary file in the same directory, renamed)."""
         slugs = list(index.heads)
         known = [index.heads[s] for s in slugs]
-        live_slugs, vectors = index.vectors()
-        order = {s: i for i, s in enumerate(live_slugs)}
-        rows = [order[s] for s, k in zip(slugs, known, strict=True) if k.value is not None]
-        vectors = vectors[rows] if rows else np.zeros((0, index.embedder.dim), np.float32)
-        q, scales = quantize(vectors)
-        payload = Payload(
+        live = [s for s, k in zip(slugs, known, strict=True) if k.value is not None]
+        q, scales = index.quantized(live)
+        terms = index.terms_of(live)
+        payload = Payload(  # arrays as memoryviews: encoded without a copy of their own
             slugs,
             [k.event_id for k in known],
             [k.created_at for k in known],
             [k.value for k in known],
-            q.tobytes(),
-            scales.tobytes(),
+            _raw(q),
+            _raw(scales),
             relays,
             checked,
+            list(seen.values()),
+            b"".join(bytes.fromhex(i) for i in seen),
+            terms.vocab,
+            _raw(terms.counts),
+            _raw(terms.ids),
+            _raw(terms.tfs),
+            _raw(terms.lengths),
             [(k.version, k.trust, k.role, k.valid_from, k.valid_until) for k in known],
         )
+        plain = msgspec.msgpack.encode(payload)
+        del payload, q, terms
         nonce = os.urandom(12)
-        sealed = self._aead.encrypt(nonce, msgspec.msgpack.encode(payload), self.header)
+        enc = Cipher(algorithms.AES(self._key), modes.GCM(nonce)).encryptor()
+        enc.authenticate_additional_data(self.header)
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".recall-", dir=self.directory)  # mode 0600
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(self.header + nonce + sealed)
+                fh.write(self.header + nonce)
+                view = memoryview(plain)
+                for at in range(0, len(plain), CHUNK):  # never a second copy of it all
+                    fh.write(enc.update(view[at : at + CHUNK]))
+                fh.write(enc.finalize() + enc.tag)
             os.replace(tmp, self.path)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -148,3 +223,7 @@ class CacheFile:
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+
+def _raw(a: np.ndarray) -> memoryview:
+    return memoryview(np.ascontiguousarray(a)).cast("B")

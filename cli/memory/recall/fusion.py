@@ -2,11 +2,11 @@
 
 A weighted sum of normalised scores over the union of each ranker's top `DEPTH` rows:
 BM25 divided by the best BM25 among them, cosine min-max scaled among them, then
-`LEXICAL_SHARE * bm25 + (1 - LEXICAL_SHARE) * cosine`, a score in [0, 1]. Nothing is
-learnt; the share was chosen on the tuning questions of `python -m bench recall` (never on
-its held-out ones) against reciprocal rank fusion (`rrf`, kept for that comparison): the
-best overall recall@10 among the settings that are not below lexical alone on any question
-type (bench/RESULTS.md has the grid).
+`share * bm25 + (1 - share) * cosine`, a score in [0, 1]. Nothing is learnt; the share was
+chosen per embedding model (`share_for`) on the tuning questions of `python -m bench recall`
+(never on its held-out ones) against reciprocal rank fusion (`rrf`, kept for that
+comparison): the best overall recall@10 among the settings that are not below lexical alone
+on any question type (bench/RESULTS.md has the grid).
 """
 
 from __future__ import annotations
@@ -16,6 +16,11 @@ import numpy as np
 K = 10
 DEPTH = 100  # rows taken from each ranker
 LEXICAL_SHARE = 0.6
+SHARE_BY_MODEL = {"minilm-l6-int8": 0.65}  # others: LEXICAL_SHARE
+
+
+def share_for(model: str) -> float:
+    return SHARE_BY_MODEL.get(model, LEXICAL_SHARE)
 
 
 def top(scores: np.ndarray, alive: np.ndarray, depth: int) -> np.ndarray:

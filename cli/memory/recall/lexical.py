@@ -1,10 +1,15 @@
 """BM25 (Okapi, k1=1.2, b=0.75) over rows that can be added and removed one at a time.
 
-Postings are per term: an `array` of row numbers and one of term frequencies, appended as
-memories arrive. A removed row is only marked dead (its document frequency is taken back at
-once); its postings are skipped at query time and dropped by `compact`, which the index
-calls when dead rows pile up. Scoring is numpy over each query term's postings, so a query
-costs the length of its terms' postings, not the number of memories.
+Terms are numbered (`vocab`); postings are per term: an `array` of row numbers and one of
+term frequencies, appended as memories arrive. A removed row is only marked dead (its
+document frequency is taken back at once); its postings are skipped at query time and
+dropped by `compact`, which the index calls when dead rows pile up. Scoring is numpy over
+each query term's postings, so a query costs the length of its terms' postings, not the
+number of memories.
+
+`export` and `load` move the rows' terms in and out as flat arrays (the cache keeps them):
+a process that opens the cache builds its postings with a few numpy calls instead of
+tokenizing and stemming every memory again.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,13 +25,27 @@ K1 = 1.2
 B = 0.75
 
 
+@dataclass
+class Terms:
+    """Rows' terms as flat arrays: row i has `counts[i]` distinct terms, their numbers (in
+    `vocab`) and frequencies next in `ids` and `tfs`, and `lengths[i]` terms in all."""
+
+    vocab: list[str]
+    counts: np.ndarray  # int32 per row
+    ids: np.ndarray  # int32, sum(counts)
+    tfs: np.ndarray  # int32, sum(counts)
+    lengths: np.ndarray  # int32 per row
+
+
 class Lexical:
     def __init__(self) -> None:
-        self._post: dict[str, tuple[array[int], array[int]]] = {}
-        self._df: Counter[str] = Counter()
+        self._vocab: list[str] = []
+        self._id: dict[str, int] = {}
+        self._post: list[tuple[array[int], array[int]] | None] = []  # by term number
+        self._df = np.zeros(0, dtype=np.int64)
         self._len = np.zeros(0, dtype=np.float32)
         self._alive = np.zeros(0, dtype=bool)
-        self._terms: list[list[str] | None] = []
+        self._terms: list[array[int] | None] = []  # distinct term numbers of each row
         self._total_len = 0.0
         self._n_alive = 0
 
@@ -36,33 +56,49 @@ class Lexical:
         if row >= len(self._len):
             size = max(1024, 2 * len(self._len), row + 1)
             self._len = np.resize(self._len, size)
-            self._alive = np.resize(self._alive, size)
-            self._alive[len(self._terms) :] = False
-        while len(self._terms) <= row:
-            self._terms.append(None)
+            alive = np.zeros(size, dtype=bool)
+            alive[: len(self._alive)] = self._alive
+            self._alive = alive
+        if row >= len(self._terms):
+            self._terms.extend([None] * (row + 1 - len(self._terms)))
+
+    def _number(self, term: str) -> int:
+        n = self._id.get(term)
+        if n is None:
+            n = self._id[term] = len(self._vocab)
+            self._vocab.append(term)
+            self._post.append(None)
+            if n >= len(self._df):
+                self._df = np.resize(self._df, max(1024, 2 * len(self._df)))
+                self._df[n:] = 0
+        return n
 
     def add(self, row: int, words: list[str]) -> None:
         """Index `words` (from `text.terms`) as row `row` (which must not be alive)."""
         self._grow(row)
         counts = Counter(words)
+        ids = array("i")
         for term, tf in counts.items():
-            post = self._post.get(term)
+            n = self._number(term)
+            post = self._post[n]
             if post is None:
-                post = self._post[term] = (array("i"), array("i"))
+                post = self._post[n] = (array("i"), array("i"))
             post[0].append(row)
             post[1].append(tf)
-            self._df[term] += 1
+            self._df[n] += 1
+            ids.append(n)
         self._len[row] = len(words)
         self._alive[row] = True
-        self._terms[row] = list(counts)
+        self._terms[row] = ids
         self._total_len += len(words)
         self._n_alive += 1
 
     def remove(self, row: int) -> None:
         if row >= len(self._terms) or not self._alive[row]:
             return
-        for term in self._terms[row] or ():
-            self._df[term] -= 1
+        ids = self._terms[row]
+        if ids is not None:
+            self._df[np.frombuffer(ids, dtype=np.int32)] -= 1
         self._alive[row] = False
         self._total_len -= float(self._len[row])
         self._terms[row] = None
@@ -71,20 +107,80 @@ class Lexical:
     def compact(self) -> None:
         """Drop dead rows' postings (rows keep their numbers)."""
         alive = self._alive
-        for term in list(self._post):
-            rows, tfs = self._post[term]
-            r = np.frombuffer(rows, dtype=np.int32)
+        for n, post in enumerate(self._post):
+            if post is None:
+                continue
+            r = np.frombuffer(post[0], dtype=np.int32)
             keep = alive[r]
             if keep.all():
                 continue
             if not keep.any():
-                del self._post[term]
-                self._df.pop(term, None)
+                self._post[n] = None
                 continue
-            self._post[term] = (
+            self._post[n] = (
                 array("i", r[keep].tobytes()),
-                array("i", np.frombuffer(tfs, dtype=np.int32)[keep].tobytes()),
+                array("i", np.frombuffer(post[1], dtype=np.int32)[keep].tobytes()),
             )
+
+    def export(self, rows: list[int]) -> Terms:
+        """The terms of these live rows, in this order (for the cache), gathered from the
+        postings with numpy (a row's terms come out in term order)."""
+        position = np.full(len(self._len), -1, dtype=np.int64)
+        position[np.asarray(rows, dtype=np.int64)] = np.arange(len(rows))
+        parts = [(n, p) for n, p in enumerate(self._post) if p is not None and len(p[0])]
+        if not parts:
+            zero = np.zeros(len(rows), np.int32)
+            return Terms([], zero, np.zeros(0, np.int32), np.zeros(0, np.int32), zero)
+        lengths = np.fromiter((len(p[0]) for _, p in parts), dtype=np.int64, count=len(parts))
+        term = np.repeat(np.fromiter((n for n, _ in parts), np.int64, len(parts)), lengths)
+        row = np.frombuffer(b"".join(p[0].tobytes() for _, p in parts), dtype=np.int32)
+        tf = np.frombuffer(b"".join(p[1].tobytes() for _, p in parts), dtype=np.int32)
+        at = position[row]
+        keep = at >= 0  # dead rows' postings are dropped here too
+        at, term, tf = at[keep], term[keep], tf[keep]
+        order = np.lexsort((term, at))
+        used, local = np.unique(term[order], return_inverse=True)
+        return Terms(
+            [self._vocab[i] for i in used.tolist()],
+            np.bincount(at, minlength=len(rows)).astype(np.int32),
+            local.astype(np.int32),
+            tf[order].astype(np.int32),
+            self._len[rows].astype(np.int32) if rows else np.zeros(0, np.int32),
+        )
+
+    def load(self, rows: list[int], terms: Terms) -> None:
+        """Index `terms` as these rows (none of them alive), all at once."""
+        if not rows:
+            return
+        remap = np.fromiter(
+            (self._number(t) for t in terms.vocab), dtype=np.int32, count=len(terms.vocab)
+        )
+        ids = remap[terms.ids] if len(terms.ids) else terms.ids
+        row_of = np.repeat(np.asarray(rows, dtype=np.int32), terms.counts)
+        self._grow(max(rows))
+        order = np.argsort(ids, kind="stable")
+        sorted_ids = ids[order]
+        bounds = np.flatnonzero(np.diff(sorted_ids)) + 1
+        starts = np.concatenate(([0], bounds)).tolist()
+        ends = [*bounds.tolist(), len(sorted_ids)]
+        post_rows = row_of[order]
+        post_tfs = terms.tfs[order]
+        for n, a, b in zip(sorted_ids[starts].tolist(), starts, ends, strict=True):
+            post = self._post[n]
+            if post is None:
+                post = self._post[n] = (array("i"), array("i"))
+            post[0].frombytes(post_rows[a:b].tobytes())
+            post[1].frombytes(post_tfs[a:b].tobytes())
+        np.add.at(self._df, ids, 1)
+        offsets = np.concatenate(([0], np.cumsum(terms.counts))).tolist()
+        ids_b = ids.astype(np.int32).tobytes()
+        for i, row in enumerate(rows):
+            self._terms[row] = array("i", ids_b[4 * offsets[i] : 4 * offsets[i + 1]])
+        idx = np.asarray(rows)
+        self._len[idx] = terms.lengths
+        self._alive[idx] = True
+        self._total_len += float(terms.lengths.sum())
+        self._n_alive += len(rows)
 
     def scores(self, query: list[str], size: int) -> np.ndarray:
         """BM25 of every row (dead rows 0) for the query terms; an array of `size`."""
@@ -94,8 +190,9 @@ class Lexical:
             return out
         avgdl = max(self._total_len / n, 1.0)
         for term, qtf in Counter(query).items():
-            post = self._post.get(term)
-            df = self._df.get(term, 0)
+            t = self._id.get(term)
+            post = self._post[t] if t is not None else None
+            df = int(self._df[t]) if t is not None else 0
             if post is None or df <= 0:
                 continue
             idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))

@@ -4,6 +4,10 @@ C stemmers, so "prefers", "preferred" and "preference" meet at "prefer").
 
 Stems are memoised per process: a memory set repeats its words, and the stemmer is then
 paid once per distinct word, not once per occurrence.
+
+`normalise` writes ISO dates out ("2021-03-05" -> "5 March 2021") in everything recall
+ranks, memories and questions alike: an agent writes ISO dates, a person asks "in March
+2021", and the month's name is then a word both share (for BM25 and for the embeddings).
 """
 
 from __future__ import annotations
@@ -14,6 +18,11 @@ from functools import lru_cache
 import Stemmer
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
+_ISO_DATE = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
+MONTHS = (
+    "January", "February", "March", "April", "May", "June",
+    "July", "August", "September", "October", "November", "December",
+)  # fmt: skip
 _STEMMER = Stemmer.Stemmer("english")
 
 # A short list: questions carry these ("which", "does", "the"), memories mostly do not, so
@@ -37,10 +46,22 @@ def stem(word: str) -> str:
     return _STEMMER.stemWord(word)
 
 
+def _written_out(m: re.Match[str]) -> str:
+    month, day = int(m[2]), int(m[3])
+    if not (1 <= month <= 12 and 1 <= day <= 31):
+        return m[0]
+    return f"{day} {MONTHS[month - 1]} {m[1]}"
+
+
+def normalise(text: str) -> str:
+    """`text` with its ISO dates (YYYY-MM-DD) written out as "D Month YYYY"."""
+    return _ISO_DATE.sub(_written_out, text) if "-" in text else text
+
+
 def terms(text: str) -> list[str]:
-    """The stemmed terms of `text`, in order, stop words dropped (repeats kept: BM25
-    counts them)."""
-    return [stem(w) for w in _WORD.findall(text.lower()) if w not in STOP_WORDS]
+    """The stemmed terms of `text` (normalised), in order, stop words dropped (repeats
+    kept: BM25 counts them)."""
+    return [stem(w) for w in _WORD.findall(normalise(text).lower()) if w not in STOP_WORDS]
 
 
 def slug_words(slug: str) -> str:

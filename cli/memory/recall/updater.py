@@ -1,21 +1,31 @@
 """Keeping the recall index current from the relay set; the relays stay the truth.
 
 `Recall` holds one memory's index for as long as its owner (a CLI run, the API object, the
-MCP server, the ACP proxy) lives. Its first call loads the encrypted cache and checks each
-relay exactly: NIP-77 negentropy of the index's heads against the relay where the relay
-serves it (only the events the index lacks cross the network), else REQ paging from a
-little before the newest event seen (`since`, with `cli.paging`'s guards), or everything
-when the relay is new to the cache. Later calls ask each relay only for what is newer than
-the newest it gave (`since`), and check exactly again every `reconcile_seconds`.
+MCP server, the ACP proxy) lives. Each relay is brought up to date by one of:
+- `negentropy`: NIP-77 of what the index knows (its heads, and the events it has seen that
+  are no head) against the relay's set: one round trip when nothing changed, and only the
+  events the index lacks are fetched, whatever their created_at (a head copied in later by
+  `engram mem sync`, a writer whose clock runs behind). The first call of every process,
+  where the relay serves it; then every `reconcile_seconds` in the background of a
+  long-running process;
+- `since`: REQ paging (`cli.paging`) from a little before the newest event the relay gave
+  (`slack` on a process's first call, `warm_slack` later): one round trip, what a warm call
+  of a long-running process does, and a relay's first call when it does not serve NIP-77;
+- `req`: everything (REQ paging), for a relay new to the cache, and every `full_every`
+  seconds for a relay without NIP-77: what `since` cannot see (a write dated more than
+  `slack` behind the newest) is missed for at most that long.
 
 An event is verified and decrypted only if it could change a head: one whose `d` is a known
 slug's and that does not beat that slug's head (the same event again, or an older version)
 is skipped unverified, since nothing is taken from it. Every other event goes through
-`HeadChecker` (all five validity rules) and the head rule (`engram.merge_heads`), exactly
-as `ls` reads. The owner's verdicts (kind 4175: denials, corrections, confirmations,
-forgets; few) are read whole on every refresh, and `engram.live` — the rule every read
-of memory goes through — decides from a slug's head and its verdicts what it reads as,
-and so what is indexed.
+`HeadChecker` (all five validity rules) and the head rule (`engram.beats`, in
+`RecallIndex.apply`: the winner is kept whatever order events come in), then
+the owner's verdicts (kind 4175: denials, corrections, confirmations, forgets; few, read
+whole on every refresh) go with it through `engram.live`, the rule every read of memory
+goes through, which decides what a slug reads as, and so what is indexed. A whole read is
+indexed page by page as it comes
+(`cli.paging.fetch_all`'s `take`), so a first build of 100,000 memories never holds them
+all at once.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +52,7 @@ from cli.paging import Fetched, fetch_all
 from cli.peer import Peer, Unsupported
 from cli.reconcile import reconcile_items
 from cli.relayset import _reason
-from engram import CORE_SLUG, KIND_ENGRAM, KIND_VERDICT, Head, beats, d_tag, merge_heads
+from engram import CORE_SLUG, KIND_ENGRAM, KIND_VERDICT, Head, beats, d_tag
 from engram.live import Live, live_view, valid_at
 from engram.negentropy import Items
 from engram.nip01 import Event
@@ -67,6 +78,18 @@ class Recalled:
         return len(self.hits)
 
 
+@dataclass
+class _Tally:
+    """What one refresh took: heads changed, events skipped as invalid (by reason)."""
+
+    changed: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+
+    def add(self, result: tuple[int, Counter[str]]) -> None:
+        self.changed += result[0]
+        self.skipped.update(result[1])
+
+
 class Recall:
     def __init__(
         self,
@@ -88,7 +111,13 @@ class Recall:
         self.index: RecallIndex | None = None
         self.cache: CacheFile | None = None
         self.newest: dict[str, int] = {}  # relay -> newest created_at it gave us
-        self.checked = 0.0
+        self.checked: dict[str, float] = {}  # relay -> when it was last read exactly
+        # events seen that are no head (older versions, invalid ones): id -> created_at,
+        # told to NIP-77 as known so that they are not fetched on every run
+        self.seen: dict[str, int] = {}
+        self.methods: dict[str, str] = {}  # relay -> how the last refresh read it
+        self._last_exact = 0.0  # monotonic time of this process's last NIP-77 round
+        self._dirty = False  # something the cache keeps changed besides the heads
         self._docs: dict[str, dict[str, Any]] = {}
         self._limits: dict[str, int | None] = {}
         self._slug_of_d: dict[str, str] = {}
@@ -96,6 +125,7 @@ class Recall:
         self._clients: dict[str, RelayClient] = {}
         self._started = False
         self._exact_task: asyncio.Future[None] | None = None
+        self._save_task: asyncio.Future[None] | None = None
         self.background = background  # exact checks in the background (long-running owners)
         self.rebuilt = False  # the cache was missing or refused on load
         self._saved_newest: dict[str, int] = {}
@@ -116,8 +146,12 @@ class Recall:
         payload = self.cache.load(index) if self.persist else None
         if payload is not None:
             self.newest = {u: t for u, t in payload.relays.items() if u in self.urls}
-            self._saved_newest = dict(payload.relays)
-            self.checked = payload.checked
+            self._saved_newest = dict(self.newest)
+            self.checked = dict(payload.checked)
+            blob = payload.seen_ids
+            self.seen = {
+                blob[32 * i : 32 * i + 32].hex(): at for i, at in enumerate(payload.seen_at)
+            }
         else:
             self.rebuilt = True
         self.index = index
@@ -217,113 +251,212 @@ class Recall:
         return answers, failed
 
     async def close(self) -> None:
+        """Close the kept connections, stop the background check, and write a change
+        still waiting to be saved."""
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(client.close(), 1.0)
         if self._exact_task is not None:
             self._exact_task.cancel()
+        if self._save_task is not None and not self._save_task.done():
+            self._save_task.cancel()
+            async with self._lock:
+                self._save()
 
     # -- the exchange with the relays -------------------------------------------------------
 
-    async def _since(self, client: RelayClient, slack: int) -> tuple[Fetched, Fetched]:
-        """(heads since the newest seen, every owner verdict)."""
+    async def _since(self, client: RelayClient, slack: int) -> Fetched:
         newest = self.newest.get(client.url)
         flt = self._filter() if newest is None else self._filter(since=max(newest - slack, 0))
-        limit = self._limits.get(client.url)
-        heads = await fetch_all(client, flt, limit)
-        return heads, await fetch_all(client, self._verdict_filter(), limit)
+        return await fetch_all(client, flt, self._limits.get(client.url))
 
-    async def _exact(self, client: RelayClient) -> Fetched:
-        """NIP-77 of the index's heads against the relay; only what it lacks is fetched."""
+    async def _everything(self, client: RelayClient, tally: _Tally) -> Fetched:
+        """Every event of the memory on this relay (REQ paging), an exact read if whole.
+        Each page is verified and indexed as it arrives and is not kept: a first build
+        never holds every event of a large memory at once. The relay's newest event is
+        taken only once paging is through (a read broken off halfway is not a base for
+        `since`)."""
+        url = client.url
+        top = 0
+
+        def take(events: list[Event]) -> None:
+            nonlocal top
+            top = max(top, *(e.created_at for e in events))
+            tally.add(self._apply_events(events, HeadChecker(self.identity)))
+
+        got = await fetch_all(client, self._filter(), self._limits.get(url), take=take)
+        if top:
+            self.newest[url] = max(self.newest.get(url, 0), top)
+        if got.why_incomplete(self._limits.get(url) is not None) is None:
+            self.checked[url] = time.time()
+            self._dirty = True
+        return got
+
+    async def _negentropy(self, client: RelayClient) -> Fetched | None:
+        """NIP-77 of what the index knows against the relay; only what it lacks is
+        fetched. None when the relay does not serve NIP-77 or refuses this set."""
         assert self.index is not None
         peer = Peer(client, self.identity.seckey, self._docs.get(client.url))
         if not peer.serves_negentropy:
-            return Fetched()
-        items = Items.from_pairs(
-            (k.created_at, bytes.fromhex(k.event_id)) for k in self.index.heads.values()
-        )
+            return None
+        known = [(k.created_at, k.event_id) for k in self.index.heads.values()]
+        known += [(at, i) for i, at in self.seen.items()]
+        items = Items.from_pairs((at, bytes.fromhex(i)) for at, i in known)
         try:
-            _, extra, _ = await reconcile_items(peer, items, self._filter(), self.timeout)
+            ours, theirs, _ = await reconcile_items(peer, items, self._filter(), self.timeout)
         except Unsupported:
             await peer.neg_close()
-            return Fetched()
-        return Fetched({e.id: e for e in await peer.fetch_ids(extra)})
+            return None
+        for gone in ours:  # seen events this relay no longer holds
+            if self.seen.pop(gone, None) is not None:
+                self._dirty = True
+        got = Fetched({e.id: e for e in await peer.fetch_ids(theirs)}) if theirs else Fetched()
+        self.checked[client.url] = time.time()
+        return got
+
+    async def _catch_up(
+        self, client: RelayClient, first: bool, tally: _Tally
+    ) -> tuple[Fetched, Fetched]:
+        """One relay brought up to date on a call (see the module docstring): (heads, every
+        owner verdict). The verdicts come first, so that heads taken page by page are
+        read with them."""
+        verdicts = await fetch_all(client, self._verdict_filter(), self._limits.get(client.url))
+        self._take_verdicts({client.url: verdicts}, HeadChecker(self.identity), whole=False)
+        return await self._heads(client, first, tally), verdicts
+
+    async def _heads(self, client: RelayClient, first: bool, tally: _Tally) -> Fetched:
+        url = client.url
+        s = self.settings
+        if url not in self.newest:
+            self.methods[url] = "req"
+            return await self._everything(client, tally)
+        if first:
+            got = await self._negentropy(client)
+            if got is not None:
+                self.methods[url] = "negentropy"
+                return got
+            if time.time() - self.checked.get(url, 0.0) >= s.full_every:
+                self.methods[url] = "req"
+                return await self._everything(client, tally)
+        self.methods[url] = "since"
+        return await self._since(client, s.slack if first else s.warm_slack)
+
+    async def _exact(self, client: RelayClient, tally: _Tally) -> Fetched:
+        """The background check: NIP-77, or everything when a relay without it is due."""
+        got = await self._negentropy(client)
+        if got is not None:
+            return got
+        if time.time() - self.checked.get(client.url, 0.0) >= self.settings.full_every:
+            return await self._everything(client, tally)
+        return Fetched()
+
+    def _apply_events(self, events: list[Event], checker: HeadChecker) -> tuple[int, Counter[str]]:
+        """Verify and index what could change a head among `events` (the head rule holds
+        whatever order events come in: `RecallIndex.apply` keeps the winner); events that
+        are no head after that are remembered as seen. (heads changed, skipped by reason)"""
+        assert self.index is not None
+        heads = checker.heads(e for e in events if self._could_change(e))
+        changed = self._take(heads, checker)
+        for e in events:
+            if not self.index.knows(e.id) and e.id not in self.seen:
+                self.seen[e.id] = e.created_at
+                self._dirty = True
+        if len(self.seen) > self.settings.seen_max:  # keep the newest
+            kept = sorted(self.seen.items(), key=lambda kv: kv[1])[-self.settings.seen_max :]
+            self.seen = dict(kept)
+        return changed, checker.skipped
 
     def _apply(
         self,
         fetched: dict[str, Fetched],
-        checker: HeadChecker,
+        tally: _Tally,
         verdicts: dict[str, Fetched] | None = None,
-    ) -> int:
-        """Take new heads (and, when `verdicts` were read, the owner's verdicts, whole)."""
-        views = []
+    ) -> None:
+        """What the relays returned (and was not already taken page by page); with
+        `verdicts`, the owner's verdicts as read whole from every relay that answered."""
+        checker = HeadChecker(self.identity)  # one for all: an event two relays gave is
+        if verdicts is not None:  # verified once
+            self._take_verdicts(verdicts, checker, whole=True)
         for url, got in fetched.items():
             events = list(got.events.values())
             if events:
                 self.newest[url] = max(self.newest.get(url, 0), *(e.created_at for e in events))
-            views.append(checker.heads(e for e in events if self._could_change(e)))
-        if verdicts is not None:
-            every: dict[str, dict[str, Version]] = {}
-            for got in verdicts.values():
-                for v in checker.versions(got.events.values()):
-                    every.setdefault(v.slug, {})[v.id] = v
-            self.verdicts = every
-        return self._take(merge_heads(views), checker)
+                changed, _ = self._apply_events(events, checker)
+                tally.changed += changed
+        if verdicts is not None:  # every slug a verdict names, as the rule reads it now
+            tally.changed += self._take({}, checker)
+        tally.skipped.update(checker.skipped)
+
+    def _take_verdicts(self, got: dict[str, Fetched], checker: HeadChecker, *, whole: bool) -> None:
+        """The owner's verdicts: `whole`, as read from every relay that answered (they
+        replace what was known: a verdict gone from the relays is gone); else added."""
+        every: dict[str, dict[str, Version]] = {} if whole else dict(self.verdicts or {})
+        for fetched in got.values():
+            for v in checker.versions(fetched.events.values()):
+                every.setdefault(v.slug, {})[v.id] = v
+        self.verdicts = every
 
     async def refresh(self) -> tuple[SetReport, int, dict[str, str]]:
         """Bring the index up to the relays; (report, heads changed, relay -> method).
 
-        The first call of a process asks from `slack` seconds before the newest event the
-        cache has seen (everything, for a relay new to the cache), later ones from
-        `warm_slack`; an exact NIP-77 check runs in the background when one is due."""
+        The first call of a process reads each relay exactly (NIP-77) where it can, later
+        ones ask from `warm_slack` before the newest; an exact check runs in the
+        background of a long-running process when one is due."""
         async with self._lock:
             self._open()
             first = not self._started
-            slack = self.settings.slack if first else self.settings.warm_slack
-            methods = {u: ("since" if u in self.newest else "req") for u in self.urls}
-            answers, failed = await self._on_each(lambda c: self._since(c, slack))
+            self.methods = {}
+            tally = _Tally()
+            answers, failed = await self._on_each(lambda c: self._catch_up(c, first, tally))
             self._started = True
             fetched = {u: heads for u, (heads, _) in answers.items()}
             verdicts = {u: got for u, (_, got) in answers.items()}
+            if first and all(m != "since" for m in self.methods.values()):
+                self._last_exact = time.monotonic()  # every relay was just read exactly
             incomplete = {
                 u: why
                 for u, got in [*fetched.items(), *verdicts.items()]
                 if (why := got.why_incomplete(self._limits.get(u) is not None)) is not None
+                and not (got is fetched.get(u) and self.methods.get(u) == "negentropy")
             }
-            checker = HeadChecker(self.identity)
-            changed = self._apply(fetched, checker, verdicts)
-            if changed or self.rebuilt or self.newest != self._saved_newest:
-                self._save()
-                self.rebuilt = False
+            self._apply(fetched, tally, verdicts)
+            changed = tally.changed
+            if changed or self.rebuilt or self._dirty or self.newest != self._saved_newest:
+                if self.rebuilt:  # a whole build: kept at once
+                    self._save()
+                    self.rebuilt = False
+                else:
+                    self._persist()
             self._maybe_check_exactly()
             report = SetReport(
                 relays=tuple(self.urls),
                 answered=tuple(u for u in self.urls if u in fetched),
                 failed=failed,
                 incomplete=incomplete,
-                skipped=dict(checker.skipped),
+                skipped=dict(tally.skipped),
             )
-            return report, changed, methods
+            return report, changed, dict(self.methods)
 
     def _maybe_check_exactly(self) -> None:
-        """Start the exact check (NIP-77) in the background when it is due: it catches a
-        writer whose clock runs far behind, or events copied in from another relay, and
-        never delays a call (a relay may take seconds to list a large memory)."""
-        due = time.time() - self.checked >= self.settings.reconcile_seconds
+        """Start the exact check in the background when it is due: it catches what a
+        `since` read cannot see (a write dated behind the newest, events copied in from
+        another relay) and never delays a call."""
+        due = time.monotonic() - self._last_exact >= self.settings.reconcile_seconds
         if not due or not self.background or ((t := self._exact_task) and not t.done()):
             return
+        self._last_exact = time.monotonic()
 
         async def run() -> None:
+            tally = _Tally()
             try:
-                fetched, failed = await self._on_each(self._exact, own=True)
+                fetched, _ = await self._on_each(lambda c: self._exact(c, tally), own=True)
             except Exception:
                 return
             async with self._lock:
-                self._apply(fetched, HeadChecker(self.identity))
-                if not failed:
-                    self.checked = time.time()
-                self._save()
+                self._apply(fetched, tally)
+                if tally.changed or self._dirty or self.newest != self._saved_newest:
+                    self._persist()
 
         self._exact_task = asyncio.ensure_future(run())
 
@@ -363,10 +496,30 @@ class Recall:
         meta = Meta(trust=k.trust, valid_from=k.valid_from, valid_until=k.valid_until, rev=rev)
         return Version(event, slug, k.value, k.role, meta, head=agent, plain=agent and not rev)
 
+    def _persist(self) -> None:
+        """Keep a change: at once in a one-shot process (a CLI run), else within
+        `save_delay` seconds, once for all the changes made meanwhile (at 100,000
+        memories a save takes a fifth of a second of the event loop; a long-running
+        process must not pay it on every write). The relays stay the truth: a change
+        lost with the process is read again by the next one."""
+        if not self.background:
+            self._save()
+            return
+        if self._save_task is not None and not self._save_task.done():
+            return
+
+        async def later() -> None:
+            await asyncio.sleep(self.settings.save_delay)
+            async with self._lock:
+                self._save()
+
+        self._save_task = asyncio.ensure_future(later())
+
     def _save(self) -> None:
         if self.persist and self.cache is not None and self.index is not None:
-            self.cache.save(self.index, self.newest, self.checked)
+            self.cache.save(self.index, self.newest, self.checked, self.seen)
             self._saved_newest = dict(self.newest)
+            self._dirty = False
 
     # -- what callers use -----------------------------------------------------------------
 
@@ -412,7 +565,7 @@ class Recall:
             meta.valid_from, meta.valid_until,
         )  # fmt: skip
         if self.index.apply_known([(slug, known)]):
-            self._save()
+            self._persist()
 
 
 def known_of(slug: str, live: Live) -> Known | None:
