@@ -32,10 +32,11 @@ from bench.results import machine
 from engram.nip01 import Event, sign_event
 from relay.config import Settings
 from relay.store import SaveStatus
-from relay.store import sql as q
+from relay.store import sqlwrite as q
 from relay.store.embedded import quote_ident, start_server, with_database
-from relay.store.postgres import PostgresStore, _Pending
-from relay.store.sql import encode_row
+from relay.store.pgwriter import Pending
+from relay.store.postgres import PostgresStore
+from relay.store.sqlwrite import encode_row
 
 _COPY_COLUMNS = "tenant, id, pubkey, created_at, kind, d, owner, tagvals, content, raw, expires_at"
 _TEMP = (
@@ -58,7 +59,7 @@ _SINGLE = (
 class CopyStore(PostgresStore):
     """The alternative measured: COPY the batch into a temp table, INSERT ... SELECT."""
 
-    async def _insert(self, conn: Any, sql: str, rows: list[_Pending]) -> set[tuple[str, bytes]]:
+    async def _insert(self, conn: Any, sql: str, rows: list[Pending]) -> set[tuple[str, bytes]]:
         await conn.execute(_TEMP)
         records = [(p.tenant, *p.row) for p in rows]
         await conn.copy_records_to_table(

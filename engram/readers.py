@@ -6,7 +6,8 @@ the event's FIRST `p` tag, when it is a public key: NIP-04 and NIP-59 give these
 exactly one, and the relay's store keeps that one key (its `owner` column) so that the
 same rule holds in SQL, where a LIMIT must count only readable rows.
 
-Pure: the relay's read policy (`relay.policy`) and store (`relay.store.sql`) apply it.
+Pure: the relay's read policy (`relay.policy`) and store (`relay.store.sqlwrite` keeps the
+recipient, `relay.store.sqlread` compares it) apply it.
 """
 
 from __future__ import annotations

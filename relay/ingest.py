@@ -13,14 +13,14 @@ from collections import defaultdict
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from engram.kinds import is_ephemeral
 from engram.nip01 import Event
 from engram.nip62 import KIND_VANISH
 from engram.urls import RelayUrl
 from relay import metrics, policy, validate, wire
-from relay.bus import EventBus
 from relay.fanout import FanOut
 from relay.session import Session
-from relay.store import EventStore, SaveResult, SaveStatus
+from relay.store import EventBus, EventStore, SaveResult, SaveStatus
 from relay.tenants import Tenant
 from relay.verifier import Verdict, Verifier
 from relay.wire import Reason
@@ -84,7 +84,7 @@ class Ingest:
     ) -> Coroutine[Any, Any, None] | None:
         """The one tail of a connection's EVENT once checked: refused or ephemeral, the OK
         now; otherwise stored, the OK when its batch commits. `counted`: in flight."""
-        if why or validate.is_ephemeral(event.kind):
+        if why or is_ephemeral(event.kind):
             if counted:
                 session.event_done()
             if why:
@@ -130,7 +130,7 @@ class Ingest:
         if why:
             return False, why
         raw = wire.encode_event(event)
-        if validate.is_ephemeral(event.kind):
+        if is_ephemeral(event.kind):
             await self.publish_ephemeral(tenant, event, raw)
             return True, ""
         return self.outcome(tenant, event, raw, await self.store.save(event, raw, tenant.key))

@@ -17,7 +17,6 @@ import msgspec
 from engram.nip01 import Event
 from engram.urls import RelayUrl
 from relay import metrics, policy, wire
-from relay.bus import EventBus
 from relay.config import Limits, Settings
 from relay.fanout import FanOut
 from relay.filters import Filter, FilterError, parse_filter, restrict_search, value_count
@@ -27,7 +26,7 @@ from relay.negentropy import NegentropyService
 from relay.ratelimit import ConnectionAllowance, RateLimiter
 from relay.readgate import ReadGate
 from relay.session import Session
-from relay.store import EventStore, StoreError
+from relay.store import EventBus, EventStore, StoreError
 from relay.tenants import Tenant, TenantRegistry
 from relay.verifier import BatchVerifier, Verifier
 from relay.verifyproc import ProcessVerifier

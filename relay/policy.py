@@ -4,7 +4,7 @@ REQ limit clamping.
 Checks return None to accept or a reason carrying its NIP-01 prefix. The private read
 gate (engrams, spec "Relay-side rules: Reads", and each tenant's private kinds: direct
 messages, gift wraps) is decided here, on the rule of `engram.readers`, and runs before
-any search handling; the store applies the same rule to rows (relay.store.sql) and the
+any search handling; the store applies the same rule to rows (relay.store.sqlread) and the
 fan-out to live events (`readers`).
 """
 
@@ -127,7 +127,7 @@ def check_moderated(event: Event, tenant: Tenant) -> str | None:
 
 def check_vanish(event: Event, urls: frozenset[RelayUrl]) -> str | None:
     """NIP-62: a request to vanish is taken only when it names this relay (one of its
-    `urls`, relay.identity) or ALL_RELAYS; the store then applies it (relay.store.sql)."""
+    `urls`, relay.identity) or ALL_RELAYS; the store then applies it (relay.store.sqlwrite)."""
     if names_relay(event, urls):
         return None
     return Reason.INVALID("this request to vanish (NIP-62) does not name this relay")

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 from engram import validate_engram_envelope
 from engram.kinds import KIND_MAX
-from engram.kinds import is_addressable as is_addressable  # re-exported: relay.store.sql
-from engram.kinds import is_ephemeral as is_ephemeral  # re-exported: relay.ingest
-from engram.kinds import is_replaceable as is_replaceable  # re-exported: relay.store.sql
 from engram.nip01 import Event, id_matches, is_hex, signature_valid_hex
 from relay.config import KIND_AUTH, MEMORY_KINDS, Limits
 from relay.wire import Reason

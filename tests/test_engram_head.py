@@ -255,11 +255,11 @@ def test_beats_is_select_heads_rule_on_hex_and_on_raw_ids(events: list[Event]) -
 
 @given(EVENTS)
 def test_the_stores_in_batch_rule_is_the_same_rule(events: list[Event]) -> None:
-    """`relay.store.postgres._Pending.beats` settles two writes of one address in a batch."""
-    from relay.store.postgres import _Pending
+    """`relay.store.pgwriter.Pending.beats` settles two writes of one address in a batch."""
+    from relay.store.pgwriter import Pending
 
     rows = {
-        e.id: _Pending("t", (bytes.fromhex(e.id), b"", e.created_at, 30174, "d"), None)  # type: ignore[arg-type]
+        e.id: Pending("t", (bytes.fromhex(e.id), b"", e.created_at, 30174, "d"), None)  # type: ignore[arg-type]
         for e in events
     }
     head = select_head(events)

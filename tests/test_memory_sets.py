@@ -41,7 +41,7 @@ from cli.memory.hook import Nothing, Nudge, Profile, fetch_core
 from engram import Core, Memory, Tombstone, build_event
 from engram.nip01 import Event, pubkey_of
 from relay.store import DEFAULT_TENANT
-from relay.store.sql import INSERT_REGULAR, encode_row
+from relay.store.sqlwrite import INSERT_REGULAR, encode_row
 
 # --- helpers ----------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from relay.negentropy import ITEM_BYTES
 
 EMPTY = Negentropy(Items.from_pairs([])).initiate().hex()
 WHOLE_SET = ({}, {"kinds": [1]}, {"since": BASE}, {"until": BASE + 1000})
-NEG_READ = "%string_agg%"  # the statement of a NEG-OPEN's set read (relay.store.sql)
+NEG_READ = "%string_agg%"  # the statement of a NEG-OPEN's set read (relay.store.sqlcount)
 
 
 async def lock_waiters(conn: asyncpg.Connection, negentropy: bool) -> int:

@@ -21,7 +21,9 @@ from engram.nip01 import Event, pubkey_of
 from relay.config import Settings
 from relay.filters import Filter
 from relay.store.postgres import PostgresStore
-from relay.store.sql import SEARCH_WALK, build_count, build_items, build_query, tag_key
+from relay.store.sqlcount import build_count, build_items
+from relay.store.sqlread import SEARCH_WALK, build_query
+from relay.store.tagindex import tag_key
 
 ROWS = 20_000
 SK = bytes([7]) * 32
@@ -329,7 +331,7 @@ async def test_event_tags_follow_replace_delete_and_truncate(
 
 
 def test_tag_key_is_what_the_index_hashes() -> None:
-    """The query hashes the same key the trigger hashes: `tag_key` (see sql.py)."""
+    """The query hashes the same key the trigger hashes: `tag_key` (see relay.store.tagindex)."""
     f = Filter(tags={"t": ["x"]}, limit=1)
     _, params = build_query([f], TENANT)  # type: ignore[misc]
     assert tag_key("t", "x") in params

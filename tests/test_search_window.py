@@ -1,5 +1,5 @@
 """A search the newest rows did not answer reads the newest window's matches first
-(migration 0027, relay.store.sql._search_walk_first): a word on a small share of the rows
+(migration 0027, relay.store.sqlread._search_walk_first): a word on a small share of the rows
 costs the window, not all its matches; a rarer one falls back to its whole posting list.
 Nothing here is timed: answers are checked against the rows, plans read with EXPLAIN."""
 
@@ -18,7 +18,7 @@ from engram.nip01 import pubkey_of
 from relay.config import Settings
 from relay.filters import Filter
 from relay.store.postgres import PostgresStore
-from relay.store.sql import build_query
+from relay.store.sqlread import build_query
 
 ROWS = 20_000
 WINDOW = 2_000

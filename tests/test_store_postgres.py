@@ -33,7 +33,9 @@ from relay.filters import Filter, matches, matches_any
 from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError
 from relay.store.migrate import apply_migrations, migration_files, migration_status
 from relay.store.postgres import PostgresStore
-from relay.store.sql import build_count, build_query, encode_row
+from relay.store.sqlcount import build_count
+from relay.store.sqlread import build_query
+from relay.store.sqlwrite import encode_row
 from relay.validate import expiration_of
 
 SK = [bytes([i + 1]) * 32 for i in range(4)]
@@ -70,7 +72,7 @@ async def q(store: PostgresStore, *filters: Filter, **kw: object) -> list[str]:
 
 def head_of(events: list[Event]) -> Event:
     """Spec head selection, from its one home (`engram.head`): the SQL replace rule
-    (`relay.store.sql.INSERT_REPLACEABLE`) and the writer's in-batch rule must agree."""
+    (`relay.store.sqlwrite.INSERT_REPLACEABLE`) and the writer's in-batch rule must agree."""
     head = select_head(events)
     assert head is not None
     return head

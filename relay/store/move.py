@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 
 from relay.store import StoreError
-from relay.store.sql import BUS_XMIN
+from relay.store.pgbus import BUS_XMIN
 
 # Rows of one tenant whose transactions finished in [$1, current xmin): none skipped, even
 # a transaction that committed late (see 0004_live_bus.sql).

@@ -1,4 +1,4 @@
-"""The live bus on PostgreSQL: LISTEN for wake-ups, then tail committed rows.
+"""The live bus on PostgreSQL, all of it: LISTEN for wake-ups, then tail committed rows.
 
 Stored events: after each committed batch the writer sends one NOTIFY (a wake-up whose
 payload names the writing node; payloads cap at 8000 bytes). Woken by another node, or
@@ -10,6 +10,11 @@ drops, the node reconnects and catches up from its last position.
 Ephemeral events (never stored) travel in the NOTIFY payload itself when they fit
 (origin, tenant and event under 8000 bytes); larger ones reach only the node's own
 subscribers. That is the documented trade-off: no table, no cleanup, no extra write.
+
+Here: the SQL, the store's side (`PostgresBusRows`, mixed into PostgresStore: the
+wake-up after a commit, the position, the tail read), one database's bus
+(`PostgresBus`) and the relay's (`RoutedBus`: one PostgresBus per open database, for
+relay.store.router). The interface is relay.store.EventBus.
 """
 
 from __future__ import annotations
@@ -18,22 +23,47 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
 from relay import metrics
-from relay.bus import Deliver
-from relay.store import StoreError
-from relay.store.postgres import DB_ERRORS, PostgresStore
-from relay.store.sql import BUS_CHANNEL
+from relay.store import Deliver, StoreError
+from relay.store.pgbase import DB_ERRORS, PostgresBase, failure
+from relay.wire import Reason
+
+if TYPE_CHECKING:
+    from relay.store.postgres import PostgresStore
+    from relay.store.router import StoreRouter
 
 log = logging.getLogger("relay.bus")
 
+# The wake-up after committed batches (never the event: payloads cap at 8000 bytes; its
+# payload is the writer's origin, so a node is not woken by its own batches), then every
+# node reads the rows of transactions that finished since it last read. Sent after the
+# commit, never in the batch's own transaction (PostgresBusRows._wake_nodes).
+BUS_CHANNEL = "engram_events"
 EPHEMERAL_CHANNEL = "engram_ephemeral"
 NOTIFY_PAYLOAD_MAX = 7_999  # PostgreSQL refuses 8000 bytes and more
 _RECONNECT_MAX = 5.0
 _HELD_RETRY = 0.02  # first re-read after a held-back one (s); doubles up to the poll
+
+BUS_XMIN = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text"
+# `held`: other nodes' committed rows lie beyond the snapshot's xmin, i.e. a transaction
+# still running holds them back (a long transaction delays live delivery across nodes;
+# /metrics; the tail reads again soon, PostgresBus.run).
+# Rows of other nodes only ($2 is this node's origin): a node's own rows were delivered
+# when it stored them, and reading them back cost PostgreSQL and the relay a copy of
+# every ingested event (a tail runs after every committed batch).
+BUS_TAIL = (
+    "WITH snap AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS hi)"
+    " SELECT snap.hi::text, e.tenant, e.raw, e.origin,"
+    " EXISTS (SELECT 1 FROM events h WHERE h.xid >= snap.hi"
+    " AND h.origin IS DISTINCT FROM $2::text) AS held FROM snap"
+    " LEFT JOIN events e ON e.xid >= $1::text::xid8 AND e.xid < snap.hi"
+    " AND e.origin IS DISTINCT FROM $2::text"
+    " ORDER BY e.xid, e.created_at, e.id"
+)
 
 
 def _retry_after(last: float | None, poll: float) -> float:
@@ -46,7 +76,73 @@ def _retry_after(last: float | None, poll: float) -> float:
     return min(_HELD_RETRY if last is None else last * 2, poll)
 
 
+class PostgresBusRows(PostgresBase):
+    """The store's side of the bus: the wake-up after a commit, the tail's position and
+    reads, NOTIFY. Mixed into PostgresStore (relay.store.pgbase)."""
+
+    def _init_bus(self) -> None:
+        self.bus_held_back = False  # set by bus_read (PostgresBus reports it)
+        self._waking: asyncio.Task[None] | None = None  # the bus wake-up in flight
+        self._wake_again = False  # a batch committed while it was in flight
+
+    async def _stop_wakes(self) -> None:
+        if self._waking is not None:
+            await asyncio.gather(self._waking, return_exceptions=True)
+
+    def _wake_nodes(self) -> None:
+        """Tell other nodes (PostgresBus) that rows were stored: a NOTIFY in its own
+        statement after the commit, at most one in flight, shared by the batches that
+        commit meanwhile. Never inside the batch's transaction: PostgreSQL lets one
+        notifying transaction commit at a time (a lock from PreCommit_Notify through the
+        WAL flush), which made the writers take turns (bench/RESULTS.md, issue 24)."""
+        if self._waking is not None:
+            self._wake_again = True
+            return
+        self._waking = asyncio.ensure_future(self._send_wakes())
+
+    async def _send_wakes(self) -> None:
+        try:
+            again = True
+            while again:
+                self._wake_again = False
+                await self.notify(BUS_CHANNEL, self.node_id)
+                again = self._wake_again
+        finally:
+            self._waking = None
+
+    async def bus_position(self) -> str:
+        """Where a new node starts tailing: the current snapshot's xmin."""
+        try:
+            return str(await self._pool.fetchval(BUS_XMIN))
+        except DB_ERRORS as exc:
+            raise StoreError(Reason.ERROR("could not read the bus position")) from exc
+
+    async def notify(self, channel: str, payload: str) -> None:
+        """Best-effort NOTIFY (ephemeral events): a failure is logged, never raised."""
+        try:
+            await self._pool.execute("SELECT pg_notify($1, $2)", channel, payload)
+        except DB_ERRORS as exc:
+            log.warning("notify failed: %s", failure(exc))
+
+    async def bus_read(self, position: str) -> tuple[str, list[tuple[str, bytes]]]:
+        """Rows stored by other nodes in transactions finished since `position`:
+        (next position, [(tenant, raw)]), in commit-safe order."""
+        try:
+            rows = await self._pool.fetch(BUS_TAIL, position, self.node_id)
+        except DB_ERRORS as exc:
+            raise StoreError(Reason.ERROR("could not read new events")) from exc
+        if not rows:  # pragma: no cover - the LEFT JOIN always yields the position row
+            return position, []
+        if self.replicas is not None and rows[-1][2] is not None:  # before they go live
+            await self.replicas.note_position()
+        out = [(r[1], r[2]) for r in rows if r[2] is not None and r[3] != self.node_id]
+        self.bus_held_back = bool(rows[0][4])  # a running transaction holds the tail back
+        return rows[0][0], out
+
+
 class PostgresBus:
+    """One database's bus (relay.store.EventBus): its LISTEN connection and its tail."""
+
     def __init__(self, dsn: str, store: PostgresStore, poll: float = 1.0) -> None:
         self.dsn = dsn
         self.store = store
@@ -156,3 +252,69 @@ class PostgresBus:
         if len(payload.encode()) > NOTIFY_PAYLOAD_MAX:
             return  # too big for a NOTIFY: local subscribers only (see module docstring)
         await self.store.notify(EPHEMERAL_CHANNEL, payload)
+
+
+class RoutedBus:
+    """The relay's bus (relay.store.EventBus): one PostgresBus per database the router
+    has open (each with its LISTEN); a row is delivered only while its tenant is placed
+    on the database it came from (a moved tenant's old rows stay put)."""
+
+    def __init__(self, router: StoreRouter, poll: float) -> None:
+        self._router = router
+        self._poll = poll
+        self._buses: dict[str, PostgresBus] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._deliver: Deliver | None = None
+
+    async def prepare(self) -> None:
+        """Each open database's tail takes its starting position before subscribers come."""
+        for url, store in list(self._router._stores.items()):
+            if url not in self._buses:
+                self._buses[url] = PostgresBus(url, store, poll=self._poll)
+            await self._buses[url].prepare()
+
+    def delay(self) -> float:
+        """The longest any database's tail is held back by a running transaction."""
+        return max((bus.delay() for bus in list(self._buses.values())), default=0.0)
+
+    async def run(self, deliver: Deliver) -> None:
+        self._deliver = deliver
+        for url, store in list(self._router._stores.items()):
+            self.start(url, store)
+        try:
+            await asyncio.Event().wait()  # until cancelled
+        finally:
+            await self.stop()
+
+    def start(self, url: str, store: PostgresStore) -> None:
+        if url not in self._buses:
+            self._buses[url] = PostgresBus(url, store, poll=self._poll)
+        if self._deliver is None or url in self._tasks:
+            return
+        deliver, router = self._deliver, self._router
+
+        def placed(tenant: str, raw: bytes) -> None:
+            if router.database_of(tenant) == url:  # a moved tenant's old rows stay put
+                deliver(tenant, raw)
+
+        self._tasks[url] = asyncio.create_task(self._buses[url].run(placed))
+
+    def end(self, url: str) -> None:
+        self._buses.pop(url, None)
+        task = self._tasks.pop(url, None)
+        if task is not None:
+            task.cancel()
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def publish_ephemeral(self, tenant: str, raw: bytes) -> None:
+        bus = self._buses.get(self._router.database_of(tenant))
+        if bus is not None:
+            await bus.publish_ephemeral(tenant, raw)

@@ -15,7 +15,6 @@ at every configuration poll; the other tenants are not affected.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -23,24 +22,26 @@ from typing import Any, TypeVar
 import msgspec
 
 from engram.nip01 import Event
-from relay.bus import Deliver
 from relay.config import DEFAULT_PRIVATE, Settings
 from relay.filters import Filter
 from relay.moderation import Moderation
 from relay.store import DEFAULT_TENANT, Saved, SaveResult, SaveStatus, StoreError, submit_to
-from relay.store.pgbus import PostgresBus
+from relay.store.pgbase import failure
+from relay.store.pgbus import RoutedBus
 from relay.store.postgres import PostgresStore
 from relay.tenants import TenantConfig
+from relay.wire import Reason
 
 log = logging.getLogger("relay.store")
 T = TypeVar("T")
 
-UNAVAILABLE = "error: this tenant's database is unavailable"
+UNAVAILABLE = Reason.ERROR("this tenant's database is unavailable")
 _CLOSE_UNUSED_AFTER = 30.0  # seconds a database no tenant uses stays open (in-flight work)
 
 
 class StoreRouter:
-    """EventStore routing each tenant to the PostgresStore of its database."""
+    """The relay's store (relay.store.RelayStore): each tenant routed to the PostgresStore
+    of its database; control on the relay's database; one live bus over them all."""
 
     def __init__(self, control: PostgresStore, url: str, settings: Settings) -> None:
         self.control = control
@@ -68,7 +69,7 @@ class StoreRouter:
     def store_for(self, tenant: str) -> PostgresStore | None:
         return self._stores.get(self.database_of(tenant))
 
-    # --- EventStore -------------------------------------------------------------------
+    # --- EventWrites, EventReads ---------------------------------------------------------
 
     async def save(self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT) -> SaveResult:
         return await self.submit(event, raw, tenant)
@@ -121,7 +122,7 @@ class StoreRouter:
             raise StoreError(UNAVAILABLE)
         return store
 
-    # --- the relay's database -----------------------------------------------------------
+    # --- StoreControl: the relay's database ----------------------------------------------
 
     async def tenant_version(self) -> int:
         if self._failed:  # retry unreachable tenant databases at every poll
@@ -196,7 +197,7 @@ class StoreRouter:
             try:
                 store = await PostgresStore.open(url, self._tenant_settings)
             except Exception as exc:
-                reason = f"{type(exc).__name__}: {exc}"[:200]
+                reason = failure(exc)
                 if self._failed.get(url) != reason:
                     log.error("tenant database unavailable (will retry): %s", reason)
                 self._failed[url] = reason
@@ -213,67 +214,3 @@ class StoreRouter:
         if store is not None:
             self.bus.end(url)
             await store.close()
-
-
-class RoutedBus:
-    """The live bus, one PostgresBus per open database (each with its LISTEN)."""
-
-    def __init__(self, router: StoreRouter, poll: float) -> None:
-        self._router = router
-        self._poll = poll
-        self._buses: dict[str, PostgresBus] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._deliver: Deliver | None = None
-
-    async def prepare(self) -> None:
-        """Each open database's tail takes its starting position before subscribers come."""
-        for url, store in list(self._router._stores.items()):
-            if url not in self._buses:
-                self._buses[url] = PostgresBus(url, store, poll=self._poll)
-            await self._buses[url].prepare()
-
-    def delay(self) -> float:
-        """The longest any database's tail is held back by a running transaction."""
-        return max((bus.delay() for bus in list(self._buses.values())), default=0.0)
-
-    async def run(self, deliver: Deliver) -> None:
-        self._deliver = deliver
-        for url, store in list(self._router._stores.items()):
-            self.start(url, store)
-        try:
-            await asyncio.Event().wait()  # until cancelled
-        finally:
-            await self.stop()
-
-    def start(self, url: str, store: PostgresStore) -> None:
-        if url not in self._buses:
-            self._buses[url] = PostgresBus(url, store, poll=self._poll)
-        if self._deliver is None or url in self._tasks:
-            return
-        deliver, router = self._deliver, self._router
-
-        def placed(tenant: str, raw: bytes) -> None:
-            if router.database_of(tenant) == url:  # a moved tenant's old rows stay put
-                deliver(tenant, raw)
-
-        self._tasks[url] = asyncio.create_task(self._buses[url].run(placed))
-
-    def end(self, url: str) -> None:
-        self._buses.pop(url, None)
-        task = self._tasks.pop(url, None)
-        if task is not None:
-            task.cancel()
-
-    async def stop(self) -> None:
-        tasks = list(self._tasks.values())
-        self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def publish_ephemeral(self, tenant: str, raw: bytes) -> None:
-        bus = self._buses.get(self._router.database_of(tenant))
-        if bus is not None:
-            await bus.publish_ephemeral(tenant, raw)
