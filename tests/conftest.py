@@ -109,21 +109,34 @@ def pg_server_url() -> Iterator[str]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@pytest.fixture
-async def database_url(pg_server_url: str) -> AsyncIterator[str]:
-    """DSN of a new, empty database (no migrations applied), dropped after the test."""
+async def _fresh_database(server_url: str) -> AsyncIterator[str]:
+    """DSN of a new, empty database (no migrations applied), dropped afterwards."""
     name = f"test_{uuid.uuid4().hex[:16]}"
-    conn = await asyncpg.connect(pg_server_url)
+    conn = await asyncpg.connect(server_url)
     try:
         await conn.execute(f"CREATE DATABASE {quote_ident(name)}")
     finally:
         await conn.close()
-    yield with_database(pg_server_url, name)
-    conn = await asyncpg.connect(pg_server_url)
+    yield with_database(server_url, name)
+    conn = await asyncpg.connect(server_url)
     try:
         await conn.execute(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
     finally:
         await conn.close()
+
+
+@pytest.fixture
+async def database_url(pg_server_url: str) -> AsyncIterator[str]:
+    """DSN of a new, empty database (no migrations applied), dropped after the test."""
+    async for url in _fresh_database(pg_server_url):
+        yield url
+
+
+@pytest.fixture(scope="module")
+async def module_database_url(pg_server_url: str) -> AsyncIterator[str]:
+    """`database_url` shared by a module's tests (each keeps to tenants of its own)."""
+    async for url in _fresh_database(pg_server_url):
+        yield url
 
 
 @pytest.fixture

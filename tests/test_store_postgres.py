@@ -1,4 +1,9 @@
-"""PostgresStore against a real (embedded) PostgreSQL: writes, replace rules, queries.
+"""PostgresStore against a real (embedded) PostgreSQL: what only a database shows.
+
+Commits before answers, group commit, writers racing in SQL, failures and outages,
+stored words and plans, migrations, the differential against `relay.filters.matches`,
+COUNT from event_tags. What every store must do alike (saving, replace rules, deletions,
+queries, the read gate) is the contract, tests/test_store_contract.py.
 
 Every test gets a fresh database (`database_url`); tests that need many independent
 stores inside one database use distinct tenants instead.
@@ -27,7 +32,6 @@ from hypothesis import strategies as st
 from engram.head import select_head
 from engram.nip01 import Event, pubkey_of
 from engram.readers import parties
-from engram.replace import NEWER_STORED, TIE_LOST, is_superseded
 from relay.config import KIND_ENGRAM, Settings
 from relay.filters import Filter, matches, matches_any
 from relay.store import DEFAULT_TENANT, SaveResult, SaveStatus, StoreError
@@ -79,31 +83,6 @@ def head_of(events: list[Event]) -> Event:
 
 
 # --- saving ---------------------------------------------------------------------------
-
-
-async def test_save_then_duplicate(store: PostgresStore, make_event: MakeEvent) -> None:
-    ev = make_event(SK[0], content="hello")
-    assert (await store.save(ev, raw(ev))).status is STORED
-    again = await store.save(ev, raw(ev))
-    assert again.status is DUPLICATE
-    assert again.message.startswith("duplicate:")
-    assert await store.query([Filter(ids=[ev.id], limit=10)]) == [raw(ev)]
-
-
-async def test_raw_served_verbatim(store: PostgresStore, make_event: MakeEvent) -> None:
-    ev = make_event(SK[0], content="é 😀 \u2028")
-    pretty = (
-        b'{ "sig": "%s",\n "id": "%s", "pubkey": "%s", "created_at": %d, "kind": 1,\n'
-        % (
-            ev.sig.encode(),
-            ev.id.encode(),
-            ev.pubkey.encode(),
-            ev.created_at,
-        )
-        + b'"tags": [], "content": "\\u00e9 \xf0\x9f\x98\x80 \\u2028" }'
-    )
-    assert (await store.save(ev, pretty)).status is STORED
-    assert await store.query([Filter(limit=5)]) == [pretty]
 
 
 async def test_committed_before_answer(
@@ -176,100 +155,7 @@ async def test_enqueue_answers_each_event_once_even_when_a_callback_raises(
     assert answers == Counter({e.id: 1 for e in events})  # nothing answered twice
 
 
-async def test_regular_events_all_kept(store: PostgresStore, make_event: MakeEvent) -> None:
-    evs = [make_event(SK[0], kind=1, content=f"n{i}", created_at=100) for i in range(5)]
-    assert [await put(store, e) for e in evs] == [STORED] * 5
-    assert sorted(await q(store, Filter(limit=100))) == sorted(e.id for e in evs)
-
-
-async def test_in_batch_duplicates(store: PostgresStore, make_event: MakeEvent) -> None:
-    ev = make_event(SK[0], content="twice")
-    rep = make_event(SK[0], kind=0, content="{}", created_at=5)
-    res = await asyncio.gather(*(store.save(e, raw(e)) for e in (ev, ev, rep, rep, rep)))
-    assert sorted(r.status.value for r in res[:2]) == ["duplicate", "stored"]
-    assert sorted(r.status.value for r in res[2:]) == ["duplicate", "duplicate", "stored"]
-
-
-async def test_ephemeral_refused(store: PostgresStore, make_event: MakeEvent) -> None:
-    ev = make_event(SK[0], kind=20001)
-    res = await store.save(ev, raw(ev))
-    assert res.status is ERROR and "ephemeral" in res.message
-    ok = make_event(SK[0], kind=19999)  # positive control: last replaceable kind
-    assert await put(store, ok) is STORED
-    assert await q(store, Filter(limit=10)) == [ok.id]
-
-
-async def test_malformed_event_refused(store: PostgresStore, make_event: MakeEvent) -> None:
-    ev = make_event(SK[0])
-    bad = msgspec.structs.replace(ev, id=ev.id.upper())
-    res = await store.save(bad, raw(bad))
-    assert res.status is ERROR and res.message.startswith("invalid:")
-    assert await put(store, ev) is STORED
-
-
-# --- replaceable and addressable ------------------------------------------------------
-
-
-@pytest.mark.parametrize("kind", [0, 3, 10002])
-async def test_replaceable(store: PostgresStore, make_event: MakeEvent, kind: int) -> None:
-    old = make_event(SK[0], kind=kind, content="old", created_at=100)
-    new = make_event(SK[0], kind=kind, content="new", created_at=200)
-    other = make_event(SK[1], kind=kind, content="other author", created_at=50)
-    assert await put(store, old) is STORED
-    assert await put(store, new) is STORED
-    assert await put(store, old) is STALE  # re-sent after being replaced
-    assert await put(store, new) is DUPLICATE  # the current head itself
-    assert await put(store, other) is STORED
-    assert await q(store, Filter(kinds=[kind], limit=10)) == [new.id, other.id]
-    older = make_event(SK[0], kind=kind, content="older", created_at=10)
-    res = await store.save(older, raw(older))
-    assert res.status is STALE and res.message
-
-
-async def test_tie_lowest_id_wins(store: PostgresStore, make_event: MakeEvent) -> None:
-    a = make_event(SK[0], kind=10000, content="a", created_at=500)
-    b = make_event(SK[0], kind=10000, content="b", created_at=500)
-    low, high = sorted((a, b), key=lambda e: e.id)
-    t1, t2 = tenant(), tenant()
-    assert await put(store, high, t1) is STORED
-    assert await put(store, low, t1) is STORED  # same created_at, lower id: replaces
-    assert await put(store, low, t2) is STORED
-    assert await put(store, high, t2) is STALE
-    for t in (t1, t2):
-        assert await q(store, Filter(limit=10), tenant=t) == [low.id]
-    # the OK says which case it is (engram.replace): a tie lost, not a newer version
-    lost = await store.save(high, raw(high), t1)
-    assert lost.message == TIE_LOST and is_superseded(lost.message)
-    older = make_event(SK[0], kind=10000, content="c", created_at=499)
-    assert (await store.save(older, raw(older), t1)).message == NEWER_STORED
-    # in one batch as well: the loser learns it from its winner
-    t3 = tenant()
-    both = await asyncio.gather(*(store.save(e, raw(e), t3) for e in (high, low, older)))
-    assert [r.message for r in both] == [TIE_LOST, "", NEWER_STORED]
-
-
-async def test_addressable(store: PostgresStore, make_event: MakeEvent) -> None:
-    k = 30023
-    a1 = make_event(SK[0], kind=k, tags=[["d", "a"]], content="a1", created_at=1)
-    a2 = make_event(SK[0], kind=k, tags=[["d", "a"], ["d", "b"]], content="a2", created_at=2)
-    b1 = make_event(SK[0], kind=k, tags=[["d", "b"]], content="b1", created_at=1)
-    none1 = make_event(SK[0], kind=k, content="no d", created_at=1)
-    empty2 = make_event(SK[0], kind=k, tags=[["d"]], content="bare d tag", created_at=2)
-    blank3 = make_event(SK[0], kind=k, tags=[["d", ""]], content="empty d", created_at=3)
-    for ev in (a1, a2, b1, none1, empty2, blank3):
-        assert await put(store, ev) is STORED  # each is newer than its address's head
-    # a2's address is its FIRST d tag ("a"); no d tag, ["d"] and ["d", ""] are all "".
-    assert sorted(await q(store, Filter(kinds=[k], limit=10))) == sorted([a2.id, b1.id, blank3.id])
-    assert await q(store, Filter(kinds=[k], tags={"d": ["a"]}, limit=10)) == [a2.id]
-
-
-async def test_huge_d_tag_replaces(store: PostgresStore, make_event: MakeEvent) -> None:
-    d = "x" * 100_000
-    old = make_event(SK[0], kind=30000, tags=[["d", d]], created_at=1)
-    new = make_event(SK[0], kind=30000, tags=[["d", d]], created_at=2)
-    near = make_event(SK[0], kind=30000, tags=[["d", d[:-1]]], created_at=1)
-    assert [await put(store, e) for e in (old, new, near, old)] == [STORED] * 3 + [STALE]
-    assert await q(store, Filter(tags={"d": [d]}, limit=10)) == [new.id]
+# --- replaceable and addressable: writers racing ---------------------------------------
 
 
 async def _race(stores: list[PostgresStore], events: list[Event], t: str) -> None:
@@ -324,16 +210,6 @@ async def test_bad_event_fails_alone(
     assert [r.status for r in results] == [STORED] * 17 + [ERROR] + [STORED] * 23
     assert results[17].message.startswith("error:")
     assert len(await store.query([Filter(limit=500)])) == 40
-
-
-async def test_nul_characters_stored_verbatim(store: PostgresStore, make_event: MakeEvent) -> None:
-    ev = make_event(SK[0], tags=[["t", "a\x00b"], ["d", "\x00"]], content="nul\x00here")
-    assert await put(store, ev) is STORED
-    assert await store.query([Filter(tags={"t": ["a\x00b"]}, limit=5)]) == [raw(ev)]
-    assert await store.query([Filter(tags={"t": ["ab", "a"]}, limit=5)]) == []
-    addr = make_event(SK[0], kind=30001, tags=[["d", "\x00"]], content="\x00")
-    assert await put(store, addr) is STORED
-    assert await q(store, Filter(kinds=[30001], tags={"d": ["\x00"]}, limit=5)) == [addr.id]
 
 
 class _Proxy:
@@ -425,155 +301,6 @@ async def test_close_drains_then_refuses(database_url: str, make_event: MakeEven
 
 
 # --- queries --------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def corpus(store: PostgresStore, make_event: MakeEvent) -> dict[str, Event]:
-    evs = {
-        "a1": make_event(SK[0], kind=1, tags=[["e", "x" * 64], ["p", PK[1]]], created_at=10),
-        "a2": make_event(SK[0], kind=7, tags=[["e", "y" * 64]], created_at=20),
-        "b1": make_event(SK[1], kind=1, tags=[["t", "nostr"], ["t", "pg"]], created_at=20),
-        "b2": make_event(SK[1], kind=30000, tags=[["d", "list"], ["p", PK[0]]], created_at=30),
-        "c1": make_event(SK[2], kind=1, tags=[["E", "x" * 64], ["ee", "x" * 64]], created_at=40),
-    }
-    for ev in evs.values():
-        assert await put(store, ev) is STORED
-    return evs
-
-
-async def test_filter_fields(store: PostgresStore, corpus: dict[str, Event]) -> None:
-    c = {k: e.id for k, e in corpus.items()}
-
-    async def got(**kw: object) -> set[str]:
-        return {k for k, v in c.items() if v in await q(store, Filter(limit=100, **kw))}  # type: ignore[arg-type]
-
-    assert await got() == set(c)
-    assert await got(ids=[c["a1"], c["b2"], "0" * 64]) == {"a1", "b2"}
-    assert await got(authors=[PK[1]]) == {"b1", "b2"}
-    assert await got(kinds=[1]) == {"a1", "b1", "c1"}
-    assert await got(kinds=[1, 7], authors=[PK[0]]) == {"a1", "a2"}
-    assert await got(tags={"e": ["x" * 64, "y" * 64]}) == {"a1", "a2"}  # any value
-    assert await got(tags={"E": ["x" * 64]}) == {"c1"}  # case matters; "ee" is not "e"
-    assert await got(tags={"p": [PK[0]]}) == {"b2"}
-    assert await got(tags={"d": ["list"]}) == {"b2"}
-    assert await got(tags={"t": ["pg"], "e": ["x" * 64]}) == set()  # fields are ANDed
-    assert await got(tags={"t": ["pg"]}, authors=[PK[1]]) == {"b1"}
-    assert await got(since=20) == {"a2", "b1", "b2", "c1"}  # inclusive
-    assert await got(until=20) == {"a1", "a2", "b1"}  # inclusive
-    assert await got(since=20, until=20) == {"a2", "b1"}
-    assert await got(since=21, until=20) == set()
-    for empty in ({"ids": []}, {"authors": []}, {"kinds": []}, {"tags": {"e": []}}):
-        assert await got(**empty) == set()  # an empty list matches nothing
-    assert await got(ids=["not hex"]) == set()
-
-
-async def test_order_limit_and_union(store: PostgresStore, corpus: dict[str, Event]) -> None:
-    c = {k: e.id for k, e in corpus.items()}
-    tie = sorted([c["a2"], c["b1"]])  # both created_at 20: id ascending
-    everything = [c["c1"], c["b2"], *tie, c["a1"]]
-    assert await q(store, Filter(limit=100)) == everything
-    assert await q(store, Filter(limit=3)) == everything[:3]
-    assert await q(store, Filter(limit=0)) == []
-    # Each filter's limit applies to that filter; the union is de-duplicated and ordered.
-    assert await q(store, Filter(kinds=[1], limit=1), Filter(authors=[PK[0]], limit=5)) == [
-        c["c1"],
-        c["a2"],
-        c["a1"],
-    ]
-    assert await q(store, Filter(kinds=[1], limit=5), Filter(kinds=[1], limit=5)) == [
-        c["c1"],
-        *[i for i in tie if i == c["b1"]],
-        c["a1"],
-    ]
-    assert await q(store, Filter(kinds=[], limit=5), Filter(ids=[c["b2"]], limit=5)) == [c["b2"]]
-    assert await store.query([]) == []
-
-
-async def test_count(store: PostgresStore, corpus: dict[str, Event]) -> None:
-    assert await store.count([Filter(limit=1)]) == 5  # NIP-45: limit is ignored
-    assert await store.count([Filter(kinds=[1]), Filter(authors=[PK[0]])]) == 4
-    assert await store.count([Filter(kinds=[])]) == 0
-    assert await store.count([Filter()], tenant="elsewhere") == 0
-
-
-async def test_concurrent_reads_share_statements(
-    store: PostgresStore, corpus: dict[str, Event], make_event: MakeEvent
-) -> None:
-    """REQs and COUNTs issued together (batched into shared statements by readbatch) get
-    exactly what each gets alone, each in its own order and limit, under the read gate."""
-    engram = make_event(
-        SK[3], kind=KIND_ENGRAM, tags=[["d", "slug"], ["p", PK[3]]], content="x", created_at=50
-    )
-    assert await put(store, engram) is STORED
-    shapes: list[tuple[list[Filter], str | None]] = []
-    for limit in (1, 2, 5):
-        for pk in (*PK, "0" * 64):
-            shapes.append(([Filter(authors=[pk], limit=limit)], None))
-            shapes.append(([Filter(authors=[pk], kinds=[1], until=40, limit=limit)], None))
-        shapes.append(([Filter(authors=PK[:2], limit=limit)], None))
-        shapes.append(([Filter(authors=[*PK, "0" * 64], kinds=[1, 30000], limit=limit)], None))
-        many = [*PK, *(f"{i:064x}" for i in range(40))]  # beyond MERGE_AUTHORS_MAX: LATERAL
-        shapes.append(([Filter(authors=many, since=15, limit=limit)], None))
-        shapes.append(([Filter(tags={"e": ["x" * 64]}, limit=limit)], None))
-        shapes.append(([Filter(tags={"t": ["pg"]}, since=20, limit=limit)], None))
-    head = Filter(kinds=[KIND_ENGRAM], authors=[PK[3]], tags={"p": [PK[3]], "d": ["slug"]})
-    for viewer in (PK[3], PK[0], None):
-        shapes.append(([head], viewer))
-    alone = [await store.query(fs, viewer=v) for fs, v in shapes]
-    counts_alone = [await store.count(fs, viewer=v) for fs, v in shapes]
-    for _ in range(3):
-        together = await asyncio.gather(*(store.query(fs, viewer=v) for fs, v in shapes))
-        assert list(together) == alone
-        counts = await asyncio.gather(*(store.count(fs, viewer=v) for fs, v in shapes))
-        assert list(counts) == counts_alone
-    assert alone[-3] == [raw(engram)] and alone[-2] == [] and alone[-1] == []
-
-
-async def test_tenant_isolation(store: PostgresStore, make_event: MakeEvent) -> None:
-    ev = make_event(SK[0], kind=10002, content="shared", created_at=5)
-    newer = make_event(SK[0], kind=10002, content="newer", created_at=6)
-    assert await put(store, ev, "alpha") is STORED
-    assert await put(store, ev, "beta") is STORED  # same id, other tenant: independent
-    assert await put(store, newer, "alpha") is STORED  # replaces in alpha only
-    assert await q(store, Filter(limit=10), tenant="alpha") == [newer.id]
-    assert await q(store, Filter(limit=10), tenant="beta") == [ev.id]
-    assert await q(store, Filter(ids=[newer.id], limit=10), tenant="beta") == []
-    assert await q(store, Filter(limit=10)) == []  # the default tenant saw nothing
-    assert await store.count([Filter()], tenant="beta") == 1
-
-
-async def test_engram_read_gate(store: PostgresStore, make_event: MakeEvent) -> None:
-    author, owner, stranger = PK[0], PK[1], PK[2]
-    mem = make_event(
-        SK[0], kind=KIND_ENGRAM, tags=[["d", "h"], ["p", owner]], content="c", created_at=9
-    )
-    public = [make_event(SK[0], kind=1, content=str(i), created_at=i) for i in range(3)]
-    for ev in (mem, *public):
-        assert await put(store, ev) is STORED
-    newest_public = [e.id for e in sorted(public, key=lambda e: -e.created_at)]
-    for viewer in (None, stranger, "not-a-key"):
-        # The limit counts visible rows: two public events, not the hidden engram + one.
-        assert await q(store, Filter(limit=2), viewer=viewer) == newest_public[:2]
-        assert await q(store, Filter(kinds=[KIND_ENGRAM], limit=5), viewer=viewer) == []
-        assert await q(store, Filter(ids=[mem.id], limit=5), viewer=viewer) == []
-        assert await store.count([Filter()], viewer=viewer) == 3
-    for viewer in (author, owner):
-        assert await q(store, Filter(limit=2), viewer=viewer) == [mem.id, newest_public[0]]
-        assert await q(store, Filter(tags={"p": [owner]}, limit=5), viewer=viewer) == [mem.id]
-        assert await store.count([Filter()], viewer=viewer) == 4
-
-
-async def test_huge_tag_value(store: PostgresStore, make_event: MakeEvent) -> None:
-    big = "v" * 100_000
-    ev = make_event(SK[0], tags=[["t", big], ["e", big + "w"]], content="big")
-    assert await put(store, ev) is STORED
-    assert await q(store, Filter(tags={"t": [big]}, limit=5)) == [ev.id]
-    assert await q(store, Filter(tags={"e": [big + "w"]}, limit=5)) == [ev.id]
-    assert await q(store, Filter(tags={"t": [big[:-1], big + "w", "v" * 200]}, limit=5)) == []
-    edge = make_event(SK[1], tags=[["t", "é" * 100], ["t", "\x01x"]])  # 200 bytes; marker
-    assert await put(store, edge) is STORED
-    assert await q(store, Filter(tags={"t": ["é" * 100]}, limit=5)) == [edge.id]
-    assert await q(store, Filter(tags={"t": ["\x01x"]}, limit=5)) == [edge.id]
 
 
 async def test_awkward_tag_values(
