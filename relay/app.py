@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -31,7 +32,7 @@ from relay.config import Settings
 from relay.hosts import parse_host
 from relay.identity import ordered
 from relay.pipeline import BLOCKED_ADDRESS, Relay
-from relay.store import StoreError
+from relay.store import RelayStore, StoreControl, StoreError
 from relay.tenants import TenantRegistry
 from relay.transport import client_ip, local_address, serve_websocket
 
@@ -53,41 +54,43 @@ def package_version() -> str:
         return "0.0.0"
 
 
-async def refresh_tenants(store: object, registry: TenantRegistry) -> None:
+async def refresh_tenants(store: StoreControl, registry: TenantRegistry) -> None:
     """Reload the tenant configuration if its version moved. New bans (relay.nip86,
     `engram tenant ban`) are swept once more here: an event this node accepted before it
     knew of the ban must not stay stored."""
-    current = await store.tenant_version()  # type: ignore[attr-defined]
+    current = await store.tenant_version()
     if current != registry.version:
         first = registry.version < 0
         before = registry.bans()
-        configs = await store.load_tenants()  # type: ignore[attr-defined]
-        registry.load(configs, current, await store.load_moderation())  # type: ignore[attr-defined]
+        configs = await store.load_tenants()
+        registry.load(configs, current, await store.load_moderation())
         log.info("tenant configuration v%d loaded", current)
         if not first:
             await sweep_new_bans(store, before, registry.bans())
 
 
 async def sweep_new_bans(
-    store: object,
+    store: StoreControl,
     before: dict[str, tuple[frozenset[str], frozenset[str]]],
     after: dict[str, tuple[frozenset[str], frozenset[str]]],
 ) -> None:
-    from relay.store import moderation
-
     for tenant, (pubkeys, ids) in after.items():
         old_pubkeys, old_ids = before.get(tenant, (frozenset(), frozenset()))
         new_pubkeys, new_ids = sorted(pubkeys - old_pubkeys), sorted(ids - old_ids)
         if new_pubkeys or new_ids:
-            n = await store.run_admin(  # type: ignore[attr-defined]
-                tenant,
-                lambda _c, ev, t=tenant, p=new_pubkeys, i=new_ids: moderation.sweep(ev, t, p, i),
-            )
+            n = await store.run_admin(tenant, _sweep(tenant, new_pubkeys, new_ids))
             if n:
                 log.info("tenant %s: %d events of new bans deleted", tenant, n)
 
 
-async def poll_tenants(store: object, registry: TenantRegistry, every: float) -> None:
+def _sweep(tenant: str, pubkeys: list[str], ids: list[str]) -> Callable[[Any, Any], Awaitable[int]]:
+    """The admin action that deletes what newly banned authors and ids left behind."""
+    from relay.store import moderation
+
+    return lambda _control, events: moderation.sweep(events, tenant, pubkeys, ids)
+
+
+async def poll_tenants(store: StoreControl, registry: TenantRegistry, every: float) -> None:
     while True:
         await asyncio.sleep(every)
         try:
@@ -96,12 +99,12 @@ async def poll_tenants(store: object, registry: TenantRegistry, every: float) ->
             log.warning("tenant reload failed: %s", exc)
 
 
-async def purge_expired(store: object, every: float) -> None:
+async def purge_expired(store: StoreControl, every: float) -> None:
     """NIP-40: expired events are never served; this reclaims their rows in batches."""
     while True:
         await asyncio.sleep(every)
         try:
-            n = await store.purge_expired(int(time.time()))  # type: ignore[attr-defined]
+            n = await store.purge_expired(int(time.time()))
         except StoreError as exc:
             log.warning("expired-event purge failed: %s", exc)
         else:
@@ -145,48 +148,56 @@ def host_problem(scope: Scope) -> str | None:
     return None
 
 
-def create_app(settings: Settings, database_url: str) -> Starlette:
-    """The relay app; the store opens (and migrates) in the lifespan."""
+@contextlib.asynccontextmanager
+async def running(app: Starlette, settings: Settings, database_url: str) -> AsyncIterator[None]:
+    """The app's lifespan: the store opens (and migrates), the relay starts, and the
+    background tasks run (tenant poll, NIP-40 purge, the live bus's tail, retention, the
+    metrics mirror) until shutdown, which stops them in order."""
+    from relay.store.router import StoreRouter
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        from relay.store.router import StoreRouter
+    # tenants on their own databases (relay.store.router); replicas in the store
+    store: RelayStore = await StoreRouter.open(database_url, settings)
+    registry = TenantRegistry(settings)
+    await refresh_tenants(store, registry)
+    bus = store.bus
+    relay = Relay(settings, store, tenants=registry, bus=bus)
+    relay.start()
+    app.state.relay = relay
+    app.state.store = store
+    metrics.bind(relay, package_version())
+    poller = asyncio.create_task(poll_tenants(store, registry, settings.tenant_refresh_seconds))
+    expirer = asyncio.create_task(purge_expired(store, settings.expired_purge_seconds))
+    await bus.prepare()  # before the first subscriber (see PostgresBus.prepare)
+    tail = asyncio.create_task(bus.run(relay.deliver_remote))
+    pruner = retention.start(settings, database_url)  # None unless [retention] is set
+    worker = metrics.start_worker()  # None unless one of `--workers N`
+    gctune.tune(settings.gc_threshold0)
+    try:
+        yield
+    finally:
+        metrics.stop_worker(worker)
+        poller.cancel()
+        expirer.cancel()
+        tail.cancel()
+        await retention.stop(pruner)
+        relay.close()  # EVENTs still waiting for their signature check are answered
+        await store.close()
 
-        # tenants on their own databases (relay.store.router); replicas in the store
-        store = await StoreRouter.open(database_url, settings)
-        registry = TenantRegistry(settings)
-        await refresh_tenants(store, registry)
-        bus = store.bus
-        relay = Relay(settings, store, tenants=registry, bus=bus)
-        relay.start()
-        app.state.relay = relay
-        app.state.bus = bus
-        metrics.bind(app.state.relay, package_version())
-        poller = asyncio.create_task(poll_tenants(store, registry, settings.tenant_refresh_seconds))
-        expirer = asyncio.create_task(purge_expired(store, settings.expired_purge_seconds))
-        await bus.prepare()  # before the first subscriber (see PostgresBus.prepare)
-        tail = asyncio.create_task(bus.run(relay.deliver_remote))
-        pruner = retention.start(settings, database_url)  # None unless [retention] is set
-        worker = metrics.start_worker()  # None unless one of `--workers N`
-        gctune.tune(settings.gc_threshold0)
-        try:
-            yield
-        finally:
-            metrics.stop_worker(worker)
-            poller.cancel()
-            expirer.cancel()
-            tail.cancel()
-            await retention.stop(pruner)
-            relay.close()  # EVENTs still waiting for their signature check are answered
-            await store.close()
 
-    nips = nip11.supported_nips(settings)
-    operators = frozenset(parse_public_key(pk) for pk in settings.operators)
-    scrapers = Allowlist(settings.metrics_allow, "metrics_allow")
+class Routes:
+    """The HTTP and websocket endpoints, over the running relay (`app.state.relay`) and
+    its store (`app.state.store`, the relay's RelayStore)."""
 
-    async def manage(request: Request) -> Response:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.nips = nip11.supported_nips(settings)
+        self.operators = frozenset(parse_public_key(pk) for pk in settings.operators)
+        self.scrapers = Allowlist(settings.metrics_allow, "metrics_allow")
+
+    async def manage(self, request: Request) -> Response:
         """NIP-86 management call (relay.nip86)."""
         relay: Relay = request.app.state.relay
+        store: RelayStore = request.app.state.store
         headers = request.headers
         tenant = relay.tenants.resolve(headers.get("host", ""))
         if tenant is None:
@@ -196,18 +207,17 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             body += chunk
             if len(body) > nip86.MAX_BODY:
                 break
-        store = relay.store
         answer = await nip86.handle(
             tenant=tenant,
-            operators=operators,
-            urls=relay.identity(tenant, local_address(request)),
+            operators=self.operators,
+            urls=relay.identity.urls(tenant, local_address(request)),
             path=request.url.path,
             query=request.url.query,
             content_type=headers.get("content-type", ""),
             authorization=headers.get("authorization", ""),
             body=body,
             now=int(time.time()),
-            run=store.run_admin,  # type: ignore[attr-defined]
+            run=store.run_admin,
             refresh=lambda: refresh_tenants(store, relay.tenants),
         )
         return JSONResponse(
@@ -217,7 +227,8 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             headers={**_CORS, **answer.headers},
         )
 
-    async def info(request: Request) -> Response:
+    async def info(self, request: Request) -> Response:
+        """NIP-11 to `Accept: application/nostr+json`, else the relay's HTML page."""
         relay: Relay = request.app.state.relay
         tenant = relay.tenants.resolve(request.headers.get("host", ""))
         if tenant is None:
@@ -226,34 +237,34 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             return Response(status_code=204, headers=_CORS)
         if "application/nostr+json" in request.headers.get("accept", ""):
             return JSONResponse(
-                nip11.document(tenant, package_version(), nips),
+                nip11.document(tenant, package_version(), self.nips),
                 media_type="application/nostr+json",
                 headers=_CORS,
             )
-        urls = ordered(relay.identity(tenant, local_address(request)))
+        urls = ordered(relay.identity.urls(tenant, local_address(request)))
         counters = metrics.counters(tenant.key, relay)
-        configured = bool(tenant.public_urls or relay.public_urls)
+        configured = bool(tenant.public_urls or relay.identity.public_urls)
         return HTMLResponse(page.render(tenant, urls, configured, package_version(), counters))
 
-    async def healthz(request: Request) -> Response:
+    async def healthz(self, request: Request) -> Response:
         return PlainTextResponse("ok\n")
 
-    async def readyz(request: Request) -> Response:
+    async def readyz(self, request: Request) -> Response:
         """Ready: the database answers and every migration this version knows is applied."""
-        store = request.app.state.relay.store
+        store: RelayStore = request.app.state.store
         if not await store.ping():
             return PlainTextResponse("not ready: database unreachable\n", status_code=503)
         if not await store.migrations_current():
             return PlainTextResponse("not ready: database migrations pending\n", status_code=503)
         detail = ""
-        delay = request.app.state.bus.delay()
+        delay = store.bus.delay()
         if delay > 0:  # still ready: delivery across nodes resumes when it ends
             detail = f"live tail: held back {delay:.1f} s by a long-running transaction\n"
         return PlainTextResponse("ready\n" + detail)
 
-    async def prometheus(request: Request) -> Response:
-        ip = client_ip(request, settings.rate.trust_forwarded_for)
-        if not await scrapers.allows(ip):
+    async def prometheus(self, request: Request) -> Response:
+        ip = client_ip(request, self.settings.rate.trust_forwarded_for)
+        if not await self.scrapers.allows(ip):
             return PlainTextResponse(
                 "forbidden: /metrics is served to the operator's addresses only"
                 " (setting metrics_allow)\n",
@@ -261,29 +272,33 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             )
         return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
 
-    async def websocket(ws: WebSocket) -> None:
+    async def websocket(self, ws: WebSocket) -> None:
         relay: Relay = ws.app.state.relay
         tenant = relay.tenants.resolve(ws.headers.get("host", ""))
         if tenant is None:
             await ws.send_denial_response(PlainTextResponse(_NOT_FOUND, status_code=404))
             return
-        if tenant.moderation.ip_blocked(client_ip(ws, settings.rate.trust_forwarded_for)):
+        if tenant.moderation.ip_blocked(client_ip(ws, self.settings.rate.trust_forwarded_for)):
             await ws.send_denial_response(
                 PlainTextResponse(BLOCKED_ADDRESS + "\n", status_code=403)
             )
             return
         await serve_websocket(ws, relay, tenant)
 
+
+def create_app(settings: Settings, database_url: str) -> Starlette:
+    """The relay app; the store opens (and migrates) in the lifespan (`running`)."""
+    routes = Routes(settings)
     app = Starlette(
         routes=[
-            Route("/", info, methods=["GET", "HEAD", "OPTIONS"]),
-            Route("/", manage, methods=["POST"]),
-            Route("/healthz", healthz),
-            Route("/readyz", readyz),
-            Route("/metrics", prometheus),
-            WebSocketRoute("/", websocket),
+            Route("/", routes.info, methods=["GET", "HEAD", "OPTIONS"]),
+            Route("/", routes.manage, methods=["POST"]),
+            Route("/healthz", routes.healthz),
+            Route("/readyz", routes.readyz),
+            Route("/metrics", routes.prometheus),
+            WebSocketRoute("/", routes.websocket),
         ],
-        lifespan=lifespan,
+        lifespan=lambda app: running(app, settings, database_url),
     )
     app.add_middleware(HostCheck)
     return app

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 from engram.urls import RelayUrl, normalize_host, parse_relay_url
 
 if TYPE_CHECKING:
+    from relay.config import Settings
+    from relay.session import Session
     from relay.tenants import Tenant
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
@@ -67,6 +69,27 @@ def tenant_urls(
     if not tenant.hosts:  # the built-in tenant of a relay without tenants
         return bases
     return frozenset(b.with_host(h) for b in bases for h in tenant.hosts)
+
+
+class RelayIdentity:
+    """Who this relay is, for a connection: its configured public URLs (validated once,
+    here), else the URLs of the socket the connection reached."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.public_urls = parse_public_urls(settings.public_urls, "public_urls")
+        self._secure = bool(settings.tls_cert)
+        self._bind = settings.host
+        self._port = settings.port
+
+    def urls(self, tenant: Tenant, local: tuple[str, int] | None) -> frozenset[RelayUrl]:
+        """The URLs `tenant` is known by, for a client that reached the relay's socket at
+        `local` (its own address and port, from the transport)."""
+        listen = listen_urls(self._secure, self._bind, self._port, local)
+        return tenant_urls(tenant, self.public_urls, listen)
+
+    def of_session(self, tenant: Tenant, session: Session | None) -> frozenset[RelayUrl]:
+        """`urls` for a connection's session (None: `engram import`, no socket)."""
+        return self.urls(tenant, session.local if session is not None else None)
 
 
 def ordered(urls: Iterable[RelayUrl]) -> list[str]:

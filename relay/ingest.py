@@ -1,8 +1,10 @@
-"""The EVENT path after parsing: validate, verify, authorize, store, then OK and fan out.
+"""The EVENT path: validate, verify, authorize, store, then the OK and the fan-out.
 
-Whichever way an EVENT is checked (inline, or its signature in the verify thread) it ends
-in one tail, `_accept`: the OK with its metrics, the fan-out of what was stored or
-published, and the connection's in-flight count. `admit` is the same steps awaited.
+`Ingest.receive` states it, in order, with each step's home; read it first. The steps
+that wait (the signature worker, the batch's commit) continue in callbacks named as
+steps there, and every checked EVENT ends in one tail, `_store`: the OK with its metrics,
+the fan-out of what was stored or published, and the connection's in-flight count.
+`admit` is the same steps awaited (`engram import`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from engram.urls import RelayUrl
 from relay import metrics, policy, validate, wire
 from relay.fanout import FanOut
 from relay.session import Session
-from relay.store import EventBus, EventStore, SaveResult, SaveStatus
+from relay.store import EventBus, EventWrites, SaveResult, SaveStatus
 from relay.tenants import Tenant
 from relay.verifier import Verdict, Verifier
 from relay.wire import Reason
@@ -34,7 +36,7 @@ class Ingest:
 
     def __init__(
         self,
-        store: EventStore,
+        store: EventWrites,
         fanouts: defaultdict[str, FanOut],
         bus: EventBus | None = None,
         clock: Callable[[], float] = time.time,
@@ -52,38 +54,58 @@ class Ingest:
     def receive(
         self, session: Session, tenant: Tenant, event: Event
     ) -> Coroutine[Any, Any, None] | None:
-        """An EVENT from a connection. A stored event's OK is sent by a callback when its
-        batch commits (no task per event); only an ephemeral one returns a coroutine (the
-        bus hand-off)."""
+        """An EVENT from a connection, parsed (relay.pipeline: wire.decode). The path, in
+        order; where a step waits, the next is a callback named here, so no task and no
+        future is made per EVENT (a future each cost ~3 us an EVENT,
+        bench/RESULTS-HISTORY.md, issue 24):
+
+        1. validate   validate.check_unsigned: shape and limits, NIP-40, kind rules and
+                      the engram envelope, NIP-13, the id; cheapest first
+        2. verify     verifier.submit: the BIP-340 check, batched off the loop; its
+                      verdict comes back to `_authorize`
+        3. authorize  `_authorize` -> `may_write`: NIP-62, moderation, the write policy
+        4. store      `_store` -> store.enqueue; the commit comes back to `_committed`
+        5. answer     `_committed` -> `outcome`: the store's answer is the OK
+        6. fan out    `outcome` -> `publish_live`: a stored event to this node's
+                      subscribers; other nodes read it from the bus (relay.store.pgbus)
+
+        A refusal at any step is answered at once (`answer`); so is an ephemeral event,
+        published instead of stored (`publish_ephemeral`: the only coroutine returned,
+        the bus hand-off). Without a verifier, steps 1-3 run inline (`check`).
+        """
         if self.verifier is None:
-            return self._accept(session, tenant, event, self.check(tenant, event, session), False)
-        why = validate.check_unsigned(event, tenant.limits, int(self.clock()))
+            return self._store(session, tenant, event, self.check(tenant, event, session), False)
+        why = validate.check_unsigned(event, tenant.limits, int(self.clock()))  # 1. validate
         if why:
             self.answer(session, tenant, event, False, why)
             return None
         session.event_started()
-        self.verifier.submit(event, lambda verdict: self._verified(session, tenant, event, verdict))
+        # 2. verify; 3. authorize when the verdict comes
+        self.verifier.submit(
+            event, lambda verdict: self._authorize(session, tenant, event, verdict)
+        )
         return None
 
-    def _verified(self, session: Session, tenant: Tenant, event: Event, verdict: Verdict) -> None:
-        """`receive` after the verifier's verdict (the event is counted in flight)."""
+    def _authorize(self, session: Session, tenant: Tenant, event: Event, verdict: Verdict) -> None:
+        """Step 3, with the verifier's verdict (the event is counted in flight); then 4."""
         if verdict is True:
             why = self.may_write(session, tenant, event)
         elif verdict is False:
             why = validate.INVALID_SIGNATURE
         else:  # not checked: the `error: …` reason why, never `invalid:`
             why = verdict
-        work = self._accept(session, tenant, event, why, True)
+        work = self._store(session, tenant, event, why, True)
         if work is not None:
             task = asyncio.ensure_future(work)
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    def _accept(
+    def _store(
         self, session: Session, tenant: Tenant, event: Event, why: str | None, counted: bool
     ) -> Coroutine[Any, Any, None] | None:
-        """The one tail of a connection's EVENT once checked: refused or ephemeral, the OK
-        now; otherwise stored, the OK when its batch commits. `counted`: in flight."""
+        """Step 4, the one tail of a connection's EVENT once checked: refused or ephemeral,
+        the OK now; otherwise stored, the OK when its batch commits (step 5, `_committed`).
+        `counted`: in flight."""
         if why or is_ephemeral(event.kind):
             if counted:
                 session.event_done()
@@ -106,6 +128,7 @@ class Ingest:
     def _committed(
         self, session: Session, tenant: Tenant, event: Event, raw: bytes, result: SaveResult
     ) -> None:
+        """Steps 5 and 6, once the event's batch committed (or could not)."""
         session.event_done()
         accepted, message = self.outcome(tenant, event, raw, result)
         self.answer(session, tenant, event, accepted, message)

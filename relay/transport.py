@@ -127,7 +127,21 @@ def local_address(ws: HTTPConnection) -> tuple[str, int] | None:
     return str(server[0]), int(server[1])
 
 
+INTERNAL_ERROR = wire.notice(Reason.ERROR("internal error"))
+
+
+def frame_failed(session: Session) -> None:
+    """A frame's handler raised (a bug): logged, and the client told with a NOTICE; one
+    frame's bug must not take the connection down. Called from the `except` block."""
+    log.exception("unhandled error in frame handler")
+    session.send(INTERNAL_ERROR)
+
+
 async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
+    """One client connection, from the upgrade to the close: admitted (the address's
+    connection cap), its session and send queue made, frames read (`receive_direct` or
+    `read_frames`) until the client leaves, the writer fails or the reader is dropped
+    as a slow consumer; then everything of it is released."""
     ip = client_ip(ws, relay.settings.rate.trust_forwarded_for)
     allowance = relay.connect(tenant, ip)
     if allowance is None:
@@ -156,106 +170,12 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
     allowance.address.sessions.add(session)
     writer = asyncio.create_task(conn.writer())
     gone = asyncio.create_task(conn.gone.wait())
-    tasks: set[asyncio.Task[None]] = set()
-    slots = asyncio.Semaphore(relay.settings.in_flight_max)
-
-    async def run(work: Coroutine[Any, Any, None]) -> None:
-        try:
-            await work
-        except Exception:  # one frame's bug must not take the connection down
-            log.exception("unhandled error in frame handler")
-            session.send(wire.notice(Reason.ERROR("internal error")))
-        finally:
-            slots.release()
-
-    async def read() -> None:
-        """Frames in order; REQ/COUNT run as tasks, EVENTs complete by callback. Both are
-        bounded by `in_flight_max`, beyond which the socket is simply not read."""
-        limit = relay.settings.in_flight_max
-        room = asyncio.Event()
-        session.on_event_done = room.set
-        while True:
-            message = await ws.receive()
-            if message["type"] == "websocket.disconnect":
-                return
-            frame = message.get("text")
-            if frame is None:
-                frame = message.get("bytes") or b""
-            while session.in_flight >= limit:  # EVENTs waiting for their commit
-                room.clear()
-                await room.wait()
-            try:
-                work = relay.handle(session, frame)
-            except Exception:
-                log.exception("unhandled error in frame handler")
-                session.send(wire.notice(Reason.ERROR("internal error")))
-                continue
-            if work is not None:
-                await slots.acquire()
-                task = asyncio.create_task(run(work))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-
-    async def guarded(work: Coroutine[Any, Any, None]) -> None:
-        try:
-            await work
-        except Exception:  # one frame's bug must not take the connection down
-            log.exception("unhandled error in frame handler")
-            session.send(wire.notice(Reason.ERROR("internal error")))
-
-    def receive_direct() -> asyncio.Future[None] | None:
-        """The server's direct receive path (relay.wsserver), when it offers one: each
-        message is handled synchronously in the protocol's data_received; past
-        `in_flight_max` EVENTs or tasks in flight the socket is not read."""
-        direct = conn.direct
-        if direct is None or not hasattr(direct, "receive_direct"):
-            return None
-        limit = relay.settings.in_flight_max
-        handle = relay.handle
-        gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        paused = False
-
-        def wake(_: object = None) -> None:
-            nonlocal paused
-            if paused and session.in_flight < limit and len(tasks) < limit:
-                paused = False
-                direct.resume_receiving()
-
-        def done(task: asyncio.Task[None]) -> None:
-            tasks.discard(task)
-            if paused:
-                wake()
-
-        def on_message(frame: str | bytes) -> bool:
-            nonlocal paused
-            try:
-                work = handle(session, frame)
-            except Exception:
-                log.exception("unhandled error in frame handler")
-                session.send(wire.notice(Reason.ERROR("internal error")))
-                work = None
-            if work is not None:
-                task = asyncio.ensure_future(guarded(work))
-                tasks.add(task)
-                task.add_done_callback(done)
-            if session.in_flight < limit and len(tasks) < limit:
-                return True
-            paused = True
-            return False
-
-        def on_gone() -> None:
-            if not gone.done():
-                gone.set_result(None)
-
-        session.on_event_done = wake
-        if not direct.receive_direct(on_message, on_gone):
-            session.on_event_done = None
-            return None
-        return gone
-
+    tasks: set[asyncio.Task[None]] = set()  # the connection's REQ/COUNT/... in flight
     if tenant.auth_challenge == "on-connect":
         session.send_challenge()
-    reader: asyncio.Future[None] = receive_direct() or asyncio.create_task(read())
+    reader: asyncio.Future[None] = receive_direct(relay, conn, session, tasks) or (
+        asyncio.create_task(read_frames(ws, relay, session, tasks))
+    )
     metrics.connection_opened(tenant.key)
     try:
         # whichever ends first ends the connection: the client leaving, the writer
@@ -271,3 +191,109 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
         conn.close()
     if conn.dropped is not None:
         await conn.goodbye()
+
+
+def receive_direct(
+    relay: Relay, conn: Connection, session: Session, tasks: set[asyncio.Task[None]]
+) -> asyncio.Future[None] | None:
+    """Frames from the server's direct receive path (relay.wsserver), when it offers one:
+    each message is handled synchronously in the protocol's data_received; past
+    `in_flight_max` EVENTs or tasks in flight the socket is not read. The future ends
+    when the client is gone; None: no direct path (read_frames instead)."""
+    direct = conn.direct
+    if direct is None or not hasattr(direct, "receive_direct"):
+        return None
+    limit = relay.settings.in_flight_max
+    handle = relay.handle
+    gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    paused = False
+
+    def wake(_: object = None) -> None:
+        nonlocal paused
+        if paused and session.in_flight < limit and len(tasks) < limit:
+            paused = False
+            direct.resume_receiving()
+
+    def done(task: asyncio.Task[None]) -> None:
+        tasks.discard(task)
+        if paused:
+            wake()
+
+    def on_message(frame: str | bytes) -> bool:
+        nonlocal paused
+        try:
+            work = handle(session, frame)
+        except Exception:
+            frame_failed(session)
+            work = None
+        if work is not None:
+            task = asyncio.ensure_future(guarded(work, session))
+            tasks.add(task)
+            task.add_done_callback(done)
+        if session.in_flight < limit and len(tasks) < limit:
+            return True
+        paused = True
+        return False
+
+    def on_gone() -> None:
+        if not gone.done():
+            gone.set_result(None)
+
+    session.on_event_done = wake
+    if not direct.receive_direct(on_message, on_gone):
+        session.on_event_done = None
+        return None
+    return gone
+
+
+async def read_frames(
+    ws: WebSocket, relay: Relay, session: Session, tasks: set[asyncio.Task[None]]
+) -> None:
+    """Frames in order from the ASGI websocket (no direct path: permessage-deflate, a
+    plain ASGI server); REQ/COUNT run as tasks, EVENTs complete by callback. Both are
+    bounded by `in_flight_max`, beyond which the socket is simply not read."""
+    limit = relay.settings.in_flight_max
+    slots = asyncio.Semaphore(limit)
+    room = asyncio.Event()
+    session.on_event_done = room.set
+    while True:
+        message = await ws.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        frame = message.get("text")
+        if frame is None:
+            frame = message.get("bytes") or b""
+        while session.in_flight >= limit:  # EVENTs waiting for their commit
+            room.clear()
+            await room.wait()
+        try:
+            work = relay.handle(session, frame)
+        except Exception:
+            frame_failed(session)
+            continue
+        if work is not None:
+            await slots.acquire()
+            task = asyncio.create_task(bounded(work, session, slots))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+
+async def guarded(work: Coroutine[Any, Any, None], session: Session) -> None:
+    """A frame's task (a REQ, a COUNT, a NEG-OPEN, an ephemeral EVENT's hand-off), its
+    failure told (`frame_failed`)."""
+    try:
+        await work
+    except Exception:
+        frame_failed(session)
+
+
+async def bounded(
+    work: Coroutine[Any, Any, None], session: Session, slots: asyncio.Semaphore
+) -> None:
+    """`guarded`, holding one of read_frames's `in_flight_max` slots until it ends."""
+    try:
+        await work
+    except Exception:
+        frame_failed(session)
+    finally:
+        slots.release()

@@ -223,4 +223,5 @@ class EventBus(Protocol):
 class RelayStore(EventStore, StoreControl, Protocol):
     """What the app (relay.app) runs on: events, control, and the live bus."""
 
-    bus: EventBus
+    @property
+    def bus(self) -> EventBus: ...
