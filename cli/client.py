@@ -35,6 +35,10 @@ from engram.nip42 import auth_event
 
 # An engram body is at most 65,535 bytes; its base64 NIP-44 payload plus the event fits in 1 MiB.
 MAX_FRAME = 1 << 20
+# NIP-01 prefixes of a refusal for who the client is, not for what it sent: the one place
+# the client library tells them apart (AuthError rather than RelayError; AUTH may help).
+AUTH_REQUIRED = "auth-required:"
+GATED = (AUTH_REQUIRED, "restricted:")
 OPEN_TIMEOUT = 30.0  # seconds for the TCP, TLS and websocket handshakes
 
 
@@ -87,6 +91,11 @@ async def fetch_nip11(relay_url: str, timeout: float) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise RelayError("the relay's NIP-11 document is not a JSON object")
     return doc
+
+
+def is_gated(reason: str) -> bool:
+    """The relay refused for who the client is (`auth-required:` or `restricted:`)."""
+    return reason.startswith(GATED)
 
 
 def limitation(nip11: dict[str, Any], name: str) -> int | None:
@@ -202,7 +211,7 @@ class RelayClient:
     async def answer_auth_required(self, reason: str) -> bool:
         """The one AUTH policy for a refusal: an `auth-required:` answer (to a REQ, an EVENT
         or a NEG-OPEN) is met with AUTH once, when a key is held. True: ask again."""
-        if not reason.startswith("auth-required:") or self._seckey is None:
+        if not reason.startswith(AUTH_REQUIRED) or self._seckey is None:
             return False
         if self._authenticated:
             return False  # authenticated and still refused: AUTH cannot help
@@ -224,7 +233,7 @@ class RelayClient:
                 return events
             if await self.answer_auth_required(closed):
                 continue
-            if closed.startswith(("auth-required:", "restricted:")):
+            if is_gated(closed):
                 raise AuthError(f"relay refused the read: {closed}")
             raise RelayError(f"relay closed the subscription: {closed or 'no reason'}")
 
@@ -242,7 +251,7 @@ class RelayClient:
         for event in events:
             accepted, message = results[event.id]
             if not accepted:
-                if message.startswith(("auth-required:", "restricted:")):
+                if is_gated(message):
                     raise AuthError(f"relay refused the event: {message}")
                 raise RelayError(f"relay refused the event: {message or 'no reason given'}")
             out[event.id] = message
@@ -256,7 +265,7 @@ class RelayClient:
         if self._should_auth():
             await self.authenticate()
         results = await self._pipeline(events, window)
-        retry = [e for e in events if results[e.id][1].startswith("auth-required:")]
+        retry = [e for e in events if results[e.id][1].startswith(AUTH_REQUIRED)]
         if retry and await self.answer_auth_required(results[retry[0].id][1]):
             results.update(await self._pipeline(retry, window))
         return results

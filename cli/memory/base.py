@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from cli.client import is_gated
 from cli.errors import (
     AuthError,
     BadInputError,
@@ -417,12 +418,12 @@ class MemoryBase:
         if not accepted:
             if len(session.urls) == 1 and said_no:
                 message = next(iter(said_no.values()))
-                gated = message.startswith(("auth-required:", "restricted:"))
+                gated = is_gated(message)
                 raise (AuthError if gated else RelayError)(f"relay refused the event: {message}")
             if len(session.urls) == 1:
                 session.raise_if_none([])  # the one relay failed: its own error
             detail = "; ".join(f"{u}: {r}" for u, r in refused.items())
-            gated = all(m.startswith(("auth-required:", "restricted:")) for m in said_no.values())
+            gated = all(map(is_gated, said_no.values()))
             cls = AuthError if said_no and gated and len(said_no) == len(refused) else RelayError
             raise cls(f"no relay accepted the event ({detail})")
         return accepted, refused
