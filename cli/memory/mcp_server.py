@@ -199,34 +199,32 @@ def described(
     return text
 
 
-def build_server(
-    memory: AgentMemory, timeout: float, token: str | None = None, base_url: str = ""
-) -> EngramMCP:
-    """The MCP server over `memory`: the agent's tools, or with the owner's key the owner's
-    (corrections, confirm, deny; no delete).
+def when(text: str | None, name: str) -> int | None:
+    """A time argument: unix seconds or ISO 8601 (bad_input otherwise)."""
+    if text is None:
+        return None
+    try:
+        return parse_time(text)
+    except ValueError:
+        raise BadInputError(f"{name}: not unix seconds or an ISO 8601 time") from None
 
-    Every call is cut off after `timeout` seconds whatever the relays do. Give `memory` a
-    slightly shorter deadline (`inner_timeout`), so that with a relay set its own deadline
-    comes first and the relays that did answer still give a result. With `token`, its
-    HTTP transport (served at `base_url`) answers only requests bearing it (mcp_auth).
-    """
-    server = EngramMCP(
-        "engram",
-        title="engram agent memory",
-        instructions=OWNER_INSTRUCTIONS if memory.role == "owner" else INSTRUCTIONS,
-        version=_version(),
-        log_level="WARNING",
-        token_verifier=None if token is None else StaticToken(token),
-        auth=None if token is None else auth_settings(base_url),
-    )
+
+class MemoryTools:
+    """The tools over one AgentMemory: the agent's, or with the owner's key the owner's
+    (corrections, confirm, deny; no delete). Every call is cut off after `timeout`
+    seconds whatever the relays do (`call`); failures are coded tool results."""
+
+    def __init__(self, memory: AgentMemory, timeout: float) -> None:
+        self.memory = memory
+        self.timeout = timeout
 
     async def call(
-        op: Callable[[], Awaitable[CallToolResult]], slug: str | None = None
+        self, op: Callable[[], Awaitable[CallToolResult]], slug: str | None = None
     ) -> CallToolResult:
         """Run one tool call within `timeout`; `slug` marks a write, whose event may have
         reached a relay before the deadline cut it off."""
         try:
-            return await bounded(op, timeout)
+            return await bounded(op, self.timeout)
         except TimeoutError as exc:
             if slug is None:
                 return failure(*classify(exc))
@@ -241,20 +239,19 @@ def build_server(
                 log.error("tool call failed: %s", message)
             return failure(code, message)
 
-    def when(text: str | None, name: str) -> int | None:
-        if text is None:
-            return None
-        try:
-            return parse_time(text)
-        except ValueError:
-            raise BadInputError(f"{name}: not unix seconds or an ISO 8601 time") from None
-
     async def memory_get(
-        slug: SlugArg, as_of: TimeArg = None, rev: RevArg | None = None, valid_at: TimeArg = None
+        self,
+        slug: SlugArg,
+        as_of: TimeArg = None,
+        rev: RevArg | None = None,
+        valid_at: TimeArg = None,
     ) -> CallToolResult:
         async def op() -> CallToolResult:
-            entry = await memory.get(
-                slug, as_of=when(as_of, "as_of"), rev=rev, valid_at=when(valid_at, "valid_at")
+            entry = await self.memory.get(
+                slug,
+                as_of=when(as_of, "as_of"),
+                rev=rev,
+                valid_at=when(valid_at, "valid_at"),
             )
             data = {**entry.as_json(), "sha256": entry.sha256, "event_id": entry.event_id}
             about = f"sha256 {entry.sha256} (the base_hash for memory_patch); " + described(
@@ -262,20 +259,20 @@ def build_server(
             )
             return success([entry.value, about], data, entry.report)
 
-        return await call(op)
+        return await self.call(op)
 
-    async def memory_hash(slug: SlugArg) -> CallToolResult:
+    async def memory_hash(self, slug: SlugArg) -> CallToolResult:
         async def op() -> CallToolResult:
-            entry = await memory.get(slug)
+            entry = await self.memory.get(slug)
             return success(
                 [entry.sha256], {"slug": entry.slug, "sha256": entry.sha256}, entry.report
             )
 
-        return await call(op)
+        return await self.call(op)
 
-    async def memory_list(valid_now: ValidNowArg = False) -> CallToolResult:
+    async def memory_list(self, valid_now: ValidNowArg = False) -> CallToolResult:
         async def op() -> CallToolResult:
-            found = await memory.ls(valid_now=valid_now)
+            found = await self.memory.ls(valid_now=valid_now)
             rows = found.entries
             lines = [
                 f"{r.slug}\t{r.created_at}\t{r.event_id}\t{r.trust or '-'}"
@@ -286,16 +283,17 @@ def build_server(
             text = "\n".join(lines) or "(no memories)"
             return success([text], {"memories": data}, found.report)
 
-        return await call(op)
+        return await self.call(op)
 
     async def memory_search(
+        self,
         query: QueryArg,
         limit: LimitArg = 20,
         regex: RegexArg = False,
         valid_now: ValidNowArg = False,
     ) -> CallToolResult:
         async def op() -> CallToolResult:
-            hits = await memory.search(query, regex=regex, limit=limit, valid_now=valid_now)
+            hits = await self.memory.search(query, regex=regex, limit=limit, valid_now=valid_now)
             lines = [
                 f"{m.slug}\t{m.snippet}\t{m.trust or '-'}" + ("\tended" if m.ended else "")
                 for m in hits
@@ -316,15 +314,15 @@ def build_server(
             text = "\n".join(lines) or "(no matches)"
             return success([text], {"matches": data}, hits.report)
 
-        return await call(op)
+        return await self.call(op)
 
     async def memory_recall(
-        query: QueryArg, limit: LimitArg = 10, valid_now: ValidNowArg = False
+        self, query: QueryArg, limit: LimitArg = 10, valid_now: ValidNowArg = False
     ) -> CallToolResult:
         async def op() -> CallToolResult:
             from cli.memory.recall.present import hit_json
 
-            found = await memory.recall(query, limit, valid_now=valid_now)
+            found = await self.memory.recall(query, limit, valid_now=valid_now)
             rows = [hit_json(h, query) for h in found.hits]
             lines = [
                 f"{r['slug']}\t{r['score']:.6f}\t{r['created_at']}\t{r['trust'] or '-'}"
@@ -335,11 +333,11 @@ def build_server(
             text = "\n".join(lines) or "(no memories)"
             return success([text], {"memories": rows}, found.report)
 
-        return await call(op)
+        return await self.call(op)
 
-    async def memory_refs() -> CallToolResult:
+    async def memory_refs(self) -> CallToolResult:
         async def op() -> CallToolResult:
-            graph = await memory.refs()
+            graph = await self.memory.refs()
             lines = [f"reachable\t{s}\t{graph.trust.get(s) or '-'}" for s in graph.reachable]
             lines += [f"orphan\t{s}\t{graph.trust.get(s) or '-'}" for s in graph.orphans]
             lines += [f"dangling\t{t}\t(linked from {s})" for s, t in graph.dangling]
@@ -355,11 +353,11 @@ def build_server(
             }
             return success(["\n".join(lines) or "(no memories)"], data, graph.report)
 
-        return await call(op)
+        return await self.call(op)
 
-    async def memory_log(slug: SlugArg) -> CallToolResult:
+    async def memory_log(self, slug: SlugArg) -> CallToolResult:
         async def op() -> CallToolResult:
-            history = await memory.log(slug)
+            history = await self.memory.log(slug)
             lines = [
                 f"{v.id}\t{v.created_at}\t{v.role}\t{v.trust or '-'}\t{v.state}"
                 + (f"\t{' '.join(v.source.split())}" if v.source else "")
@@ -371,9 +369,10 @@ def build_server(
             }
             return success(["\n".join(lines)], data, history.report)
 
-        return await call(op)
+        return await self.call(op)
 
     async def memory_set(
+        self,
         slug: SlugArg,
         value: ValueArg,
         trust: TrustArg = None,
@@ -383,60 +382,72 @@ def build_server(
         force: ForceArg = False,
     ) -> CallToolResult:
         async def write() -> WriteResult:
-            return await memory.set(
-                slug, value, trust=trust, source=source, valid_from=when(valid_from, "valid_from"),
-                valid_until=when(valid_until, "valid_until"), force=force,
-            )  # fmt: skip
+            return await self.memory.set(
+                slug,
+                value,
+                trust=trust,
+                source=source,
+                valid_from=when(valid_from, "valid_from"),
+                valid_until=when(valid_until, "valid_until"),
+                force=force,
+            )
 
-        return await call(lambda: written(write(), "saved"), slug)
+        return await self.call(lambda: written(write(), "saved"), slug)
 
     async def memory_patch(
-        slug: SlugArg, diff: DiffArg, base_hash: BaseHashArg, force: ForceArg = False
+        self, slug: SlugArg, diff: DiffArg, base_hash: BaseHashArg, force: ForceArg = False
     ) -> CallToolResult:
-        return await call(
-            lambda: written(memory.patch(slug, diff, base_hash, force=force), "patched"), slug
+        return await self.call(
+            lambda: written(self.memory.patch(slug, diff, base_hash, force=force), "patched"), slug
         )
 
-    async def memory_delete(slug: SlugArg, reason: ReasonArg = None) -> CallToolResult:
-        return await call(lambda: written(memory.rm(slug, reason=reason), "deleted"), slug)
+    async def memory_delete(self, slug: SlugArg, reason: ReasonArg = None) -> CallToolResult:
+        return await self.call(
+            lambda: written(self.memory.rm(slug, reason=reason), "deleted"), slug
+        )
 
-    async def memory_revert(slug: SlugArg, rev: RevArg, force: ForceArg = False) -> CallToolResult:
-        return await call(lambda: written(memory.revert(slug, rev, force=force), "reverted"), slug)
+    async def memory_revert(
+        self, slug: SlugArg, rev: RevArg, force: ForceArg = False
+    ) -> CallToolResult:
+        return await self.call(
+            lambda: written(self.memory.revert(slug, rev, force=force), "reverted"), slug
+        )
 
-    async def memory_confirm(slug: SlugArg, source: SourceArg = None) -> CallToolResult:
-        return await call(lambda: written(memory.confirm(slug, source=source), "confirmed"), slug)
+    async def memory_confirm(self, slug: SlugArg, source: SourceArg = None) -> CallToolResult:
+        return await self.call(
+            lambda: written(self.memory.confirm(slug, source=source), "confirmed"), slug
+        )
 
-    async def memory_deny(slug: SlugArg, reason: ReasonArg = None) -> CallToolResult:
-        return await call(lambda: written(memory.deny(slug, reason=reason), "denied"), slug)
+    async def memory_deny(self, slug: SlugArg, reason: ReasonArg = None) -> CallToolResult:
+        return await self.call(
+            lambda: written(self.memory.deny(slug, reason=reason), "denied"), slug
+        )
 
-    owner = memory.role == "owner"
-    tools: list[tuple[Callable[..., Any], ToolAnnotations]] = [
-        (memory_get, READ),
-        (memory_hash, READ),
-        (memory_list, READ),
-        (memory_search, READ),
-        (memory_recall, READ),
-        (memory_refs, READ),
-        (memory_log, READ),
-        (memory_set, WRITE),
-        (memory_patch, WRITE),
-        (memory_revert, WRITE),
-    ]
-    if owner:
-        tools += [(memory_confirm, WRITE), (memory_deny, DELETE)]
-    else:
-        tools += [(memory_delete, DELETE)]
-    texts = {**DESCRIPTIONS, **OWNER_DESCRIPTIONS} if owner else DESCRIPTIONS
-    for fn, hints in tools:
-        server.add_tool(fn, description=texts[fn.__name__], annotations=hints)
+    def offered(self) -> list[tuple[Callable[..., Any], ToolAnnotations]]:
+        """The tools of this memory's role, with their hints."""
+        tools: list[tuple[Callable[..., Any], ToolAnnotations]] = [
+            (self.memory_get, READ),
+            (self.memory_hash, READ),
+            (self.memory_list, READ),
+            (self.memory_search, READ),
+            (self.memory_recall, READ),
+            (self.memory_refs, READ),
+            (self.memory_log, READ),
+            (self.memory_set, WRITE),
+            (self.memory_patch, WRITE),
+            (self.memory_revert, WRITE),
+        ]
+        if self.memory.role == "owner":
+            return [*tools, (self.memory_confirm, WRITE), (self.memory_deny, DELETE)]
+        return [*tools, (self.memory_delete, DELETE)]
 
-    async def core_text() -> str | None:
+    async def core_text(self) -> str | None:
         """The fetch hook's three outcomes: profile, nudge (core confirmed absent), None."""
         try:
-            read = await bounded(memory.core, timeout)
+            read = await bounded(self.memory.core, self.timeout)
         except TimeoutError as exc:
             read = CoreRead("unknown", reason=str(exc))
-        owner = memory.role == "owner"
+        owner = self.memory.role == "owner"
         if read.status == "profile":
             note = trust_line(read)
             if owner:
@@ -446,6 +457,33 @@ def build_server(
             return OWNER_NUDGE if owner else NUDGE
         log.warning("core profile not read: %s", one_line(read.reason))
         return None
+
+
+def build_server(
+    memory: AgentMemory, timeout: float, token: str | None = None, base_url: str = ""
+) -> EngramMCP:
+    """The MCP server over `memory`: its role's tools (MemoryTools), the core profile as
+    a resource and as a prompt.
+
+    Every call is cut off after `timeout` seconds whatever the relays do. Give `memory` a
+    slightly shorter deadline (`inner_timeout`), so that with a relay set its own deadline
+    comes first and the relays that did answer still give a result. With `token`, its
+    HTTP transport (served at `base_url`) answers only requests bearing it (mcp_auth).
+    """
+    owner = memory.role == "owner"
+    server = EngramMCP(
+        "engram",
+        title="engram agent memory",
+        instructions=OWNER_INSTRUCTIONS if owner else INSTRUCTIONS,
+        version=_version(),
+        log_level="WARNING",
+        token_verifier=None if token is None else StaticToken(token),
+        auth=None if token is None else auth_settings(base_url),
+    )
+    tools = MemoryTools(memory, timeout)
+    texts = {**DESCRIPTIONS, **OWNER_DESCRIPTIONS} if owner else DESCRIPTIONS
+    for fn, hints in tools.offered():
+        server.add_tool(fn, description=texts[fn.__name__], annotations=hints)
 
     @server.resource(
         CORE_URI,
@@ -458,7 +496,7 @@ def build_server(
         mime_type="text/markdown",
     )
     async def core_resource() -> str:
-        return await core_text() or ""
+        return await tools.core_text() or ""
 
     @server.prompt(
         name=CORE_PROMPT,
@@ -469,7 +507,7 @@ def build_server(
         ),
     )
     async def core_prompt() -> list[UserMessage]:
-        text = await core_text()
+        text = await tools.core_text()
         return [] if text is None else [UserMessage(text)]
 
     return server
