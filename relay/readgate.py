@@ -26,7 +26,7 @@ class Slots:
     """A counting semaphore of one loop's tasks. asyncio.Semaphore looks the running loop
     up on every wait, and that is a getpid() system call: ~5 % of the relay's CPU per
     REQ when a connection keeps more reads in flight than `reads_per_connection`
-    (bench/RESULTS.md, issue 24). A release hands the slot straight to the oldest waiter."""
+    (bench/RESULTS-HISTORY.md, issue 24). A release hands the slot straight to the oldest waiter."""
 
     __slots__ = ("_free", "_waiters")
 

@@ -112,7 +112,7 @@ def tuning(memory: int) -> str:
     deploy/compose.yaml sets it (SSD, a cached store): at the default 4, before the
     first ANALYZE an `authors` REQ read all of an author's rows through a bitmap and
     sorted them instead of walking its index for `limit` rows (2.5x PostgreSQL's CPU per
-    REQ with 40 events an author). Measured in bench/RESULTS.md ("Search words stored,
+    REQ with 40 events an author). Measured in bench/RESULTS-HISTORY.md ("Search words stored,
     embedded settings"; "Reads that cost what they return"; issue 24)."""
     mb = max(128, min(1024, memory // 8 // 2**20))
     return (

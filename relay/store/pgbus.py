@@ -94,7 +94,7 @@ class PostgresBusRows(PostgresBase):
         statement after the commit, at most one in flight, shared by the batches that
         commit meanwhile. Never inside the batch's transaction: PostgreSQL lets one
         notifying transaction commit at a time (a lock from PreCommit_Notify through the
-        WAL flush), which made the writers take turns (bench/RESULTS.md, issue 24)."""
+        WAL flush), which made the writers take turns (bench/RESULTS-HISTORY.md, issue 24)."""
         if self._waking is not None:
             self._wake_again = True
             return

@@ -82,7 +82,7 @@ class PostgresControl(PostgresBase):
         The live path leaves statistics to autovacuum (after 10% of the rows changed, at
         most once a minute): the relay's own ANALYZE every 50,000 rows cost 25-50 us of
         PostgreSQL CPU per ingested event (to_tsvector over a 30,000-row sample each time,
-        bench/RESULTS.md "Statistics off the ingest path"). A failure is logged, never
+        bench/RESULTS-HISTORY.md "Statistics off the ingest path"). A failure is logged, never
         raised: statistics are an optimisation, and the load itself has succeeded.
         """
         try:

@@ -97,7 +97,7 @@ def _columns(batch: list[Pending]) -> list[list[Any]]:
 
     A column that is NULL on every row (`d`, `owner`, `expires_at` of a batch of notes)
     goes as an empty array: unnest() pads a shorter array with NULLs, and asyncpg
-    spends ~0.3 us encoding each NULL element (bench/RESULTS.md, issue 24)."""
+    spends ~0.3 us encoding each NULL element (bench/RESULTS-HISTORY.md, issue 24)."""
     n = len(batch)
     columns: list[list[Any]] = [[p.tenant for p in batch]]
     for i, c in enumerate(zip(*(p.row for p in batch), strict=True)):

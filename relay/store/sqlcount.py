@@ -73,7 +73,7 @@ def _tag_count_part(f: Filter, name: str, p: Params) -> _TagCount | None:
         public = [eq("{t}.kind", p.add(one_or_all(shown)), "int4", len(shown))]
     gated: str | None = None
     v = p.viewer_ref() if private else None
-    if v is not None:  # without a viewer no private event is counted, as in _conditions
+    if v is not None:  # without a viewer no private event is counted, as in sqlread
         gated = " AND ".join(
             [
                 *span,

@@ -1,8 +1,8 @@
 """The read planner: Filter -> one parameterized SELECT per REQ.
 
 Pure (no I/O, no asyncpg): relay.store.pgreader runs what this builds, on the read slots
-(relay.store.readbatch) or a replica. `Params` and `conditions` (a filter as WHERE terms,
-the private read gate included) are shared with the COUNT and NIP-77 builders
+(relay.store.readbatch) or a replica. `Params` and its `conditions` (a filter as WHERE
+terms, the private read gate included) are shared with the COUNT and NIP-77 builders
 (relay.store.sqlcount). SQL is only ever built from fixed fragments; every value travels
 as a `$n` parameter. Tag values are encoded by relay.store.tagindex, as they were stored.
 """
