@@ -13,6 +13,7 @@ import asyncpg
 
 from relay.store import StoreError
 from relay.store.pgbus import BUS_XMIN
+from relay.wire import Reason
 
 # Rows of one tenant whose transactions finished in [$1, current xmin): none skipped, even
 # a transaction that committed late (see 0004_live_bus.sql).
@@ -28,7 +29,7 @@ async def connect(url: str) -> Any:
     try:
         return await asyncpg.connect(url, timeout=10)
     except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        raise StoreError(f"error: cannot reach the database: {exc}") from exc
+        raise StoreError(Reason.ERROR(f"cannot reach the database: {exc}")) from exc
 
 
 async def position(conn: Any) -> str:

@@ -14,6 +14,7 @@ import asyncpg
 
 from relay.store.moderation import clear_tenant as clear_moderation
 from relay.tenants import TenantConfig
+from relay.wire import Reason
 
 T = TypeVar("T")
 
@@ -178,11 +179,11 @@ async def run_admin(dsn: str, action: Callable[[asyncpg.Connection], Awaitable[T
         await migrate_url(dsn)
         conn = await asyncpg.connect(dsn)
     except (OSError, asyncpg.PostgresError) as exc:
-        raise StoreError(f"error: cannot reach the database: {exc}") from exc
+        raise StoreError(Reason.ERROR(f"cannot reach the database: {exc}")) from exc
     try:
         return await action(conn)
     except asyncpg.PostgresError as exc:
-        raise StoreError(f"error: database error: {exc}") from exc
+        raise StoreError(Reason.ERROR(f"database error: {exc}")) from exc
     finally:
         await conn.close()
 
