@@ -147,7 +147,8 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
     if allowance is None:
         await ws.send_denial_response(
             PlainTextResponse(
-                "rate-limited: too many connections from your address\n", status_code=429
+                Reason.RATE_LIMITED("too many connections from your address") + "\n",
+                status_code=429,
             )
         )
         return
