@@ -10,8 +10,8 @@ and `relay.store.memory.MemoryStore` (the reference: a plain reading of the rule
 tests); `tests/test_store_contract.py` holds every one of them to the same behaviour.
 
 Raw event JSON is kept and served as is, so a stored event is serialized exactly once,
-at ingest. Only `relay/store/pg*.py`, `postgres`, `router`, `replicas`, `readbatch`,
-`migrate` and the admin modules touch asyncpg.
+at ingest. Only relay/store/ touches asyncpg, and not here: this module, the SQL builders
+(tagindex, sqlwrite, sqlread, sqlcount) and the reference store are pure.
 """
 
 from __future__ import annotations

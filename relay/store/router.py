@@ -1,4 +1,4 @@
-"""Tenants on their own databases: one EventStore in front of several PostgresStores.
+"""Tenants on their own databases: one RelayStore in front of several PostgresStores.
 
 The relay's database (the one `database_url` names) holds the tenant configuration and
 every tenant without a `database_url` of its own. A tenant with one (`engram tenant add
