@@ -121,7 +121,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     retention: Retention = msgspec.field(default_factory=Retention)
     tenant_refresh_seconds: float = 2.0  # how soon `engram tenant …` changes take effect
     auth_window_seconds: int = 600  # NIP-42: AUTH created_at within 10 minutes
-    # Slow consumers (relay.sendqueue; README "Operating it" gives the reasoning):
+    # Slow consumers (relay.sendqueue; docs/OPERATING.md "Operating it" gives the reasoning):
     slow_consumer_seconds: float = 10.0  # drop a reader whose queue has not shrunk this long
     send_queue_bytes: int = 32 * 1024 * 1024  # hard cap of one connection's queued output
     send_queue_budget_bytes: int = 256 * 1024 * 1024  # all connections of one process
@@ -135,7 +135,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     search_kinds: list[int] | None = None
     # BIP-340 checks in a worker process beside the relay (relay.verifyproc), so the event
     # loop and the check use two cores; off: `verify_threads` threads beside the loop, or
-    # inline when that is 0 (README "Ingest tuning").
+    # inline when that is 0 (docs/OPERATING.md "Ingest tuning").
     verify_process: bool = True
     verify_threads: int = 0
     # RFC 7692 compression, offered to clients that ask. Off: Nostr frames are small JSON,

@@ -7,7 +7,7 @@
 name one of that tenant's configured URLs (relay.identity: never the Host header), and a
 token is good for one call (its id is remembered relay-wide until its window passed).
 `allowpubkey` acts on members-only tenants: on an open one it is refused, naming the
-setting that makes a tenant members-only (README "Managing a relay"). Moderation
+setting that makes a tenant members-only (docs/OPERATING.md "Moderation"). Moderation
 state is the one `engram tenant` reads and writes (relay.store.moderation); a change is
 applied to this node at once and to every other node at its next configuration poll.
 

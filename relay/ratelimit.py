@@ -17,9 +17,10 @@ from relay.wire import Reason
 class RateLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Rates are per second; a burst is how many may come at once. 0 turns a limit off.
 
-    Defaults fit a public relay (README "Operating it" gives the reasoning): one connection
-    or one address cannot flood a tenant, while agents behind one NAT still fit. Loopback
-    clients are exempt unless the relay sits behind a proxy, so local tools just work.
+    Defaults fit a public relay (docs/OPERATING.md "Operating it" gives the reasoning):
+    one connection or one address cannot flood a tenant, while agents behind one NAT
+    still fit. Loopback clients are exempt unless the relay sits behind a proxy, so local
+    tools just work.
     """
 
     messages_per_second: float = 100.0  # per connection, every message type

@@ -6,7 +6,7 @@ thread verifying a batch overlaps with the loop's Python; the Python around each
 (hex decoding, the key cache) still takes the GIL, once per event. Used only with
 `verify_process` off and `verify_threads` above 0: with one EVENT per websocket read, the
 GIL hand-offs cost the relay more CPU per EVENT than the thread took off the loop, and
-it ingested less (README "Ingest tuning"); the default is the worker process of
+it ingested less (docs/OPERATING.md "Ingest tuning"); the default is the worker process of
 `relay.verifyproc`.
 
 Every submitted event gets exactly one verdict, whatever the thread does: True or False

@@ -3,9 +3,10 @@
 The event loop's share of an EVENT was ~40 % signature check (libsecp256k1, ~34 us
 here). A thread cannot take it off the loop: the check releases the GIL, but the thread
 needs it back after every event, and with clients that send one EVENT per websocket
-write those hand-offs cost more than they freed (README "Ingest tuning"). A process has
-its own interpreter: the loop packs a batch's (pubkey, sig, id) hex into one pipe write
-and reads one byte per event back, on the loop itself (`add_reader`, no thread).
+write those hand-offs cost more than they freed (docs/OPERATING.md "Ingest tuning"). A
+process has its own interpreter: the loop packs a batch's (pubkey, sig, id) hex into one
+pipe write and reads one byte per event back, on the loop itself (`add_reader`, no
+thread).
 
 Two batches are in the worker at most (the next one waits in the pipe while it checks
 one, so it never idles while the loop is busy); what arrives meanwhile waits here and

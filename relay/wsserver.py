@@ -36,8 +36,9 @@ _OPEN = State.OPEN
 # Bytes a connection may hold outside the relay's own accounted queue (corked frames plus
 # the transport's buffer); past it frames wait in that queue (relay.sendqueue), whose
 # bounds decide when a reader is too slow. It is part of the per-connection constant in
-# the memory bound (README "Operating it"), hence the transport's own high-water mark:
-# 256 KiB held 330 MiB beyond the budget with 1,000 stalled readers (bench stalled).
+# the memory bound (docs/OPERATING.md "Operating it"), hence the transport's own
+# high-water mark: 256 KiB held 330 MiB beyond the budget with 1,000 stalled readers
+# (bench stalled).
 DIRECT_MAX = 64 * 1024
 
 
