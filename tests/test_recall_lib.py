@@ -106,3 +106,39 @@ def test_the_fresh_evaluation_set_is_the_frozen_one() -> None:
     seen = {m.entity for m in build(38).memories}
     assert not seen & {m.entity for m in fresh.memories if m.entity[:1].isupper()}
     assert len(fresh.memories) >= 5_000 and len(fresh.questions) >= 1_000
+
+
+def test_the_cache_written_a_member_at_a_time_loads_as_it_was(tmp_path) -> None:
+    """`CacheFile.save` streams the payload into the cipher a member at a time: the file
+    decodes as one `Payload` (the format `load` reads), and the loaded index holds the
+    same heads and ranks exactly as the saved one; another key cannot open it."""
+    import os
+
+    import msgspec
+
+    from cli.memory.recall.cache import CacheFile, Payload
+
+    embedder = load()
+    index = RecallIndex(embedder)
+    values = {
+        "prefs/editor": "The user prefers Neovim for Go and VS Code for TypeScript.",
+        "people/dana": "Dana leads the payments team since 2025-03-14.",
+        "notes/gone": "",
+    }
+    index.put({s: Known(f"{i:064x}", 1_700_000_000 + i, v or None, trust="stated")
+               for i, (s, v) in enumerate(values.items())})  # fmt: skip
+    key = os.urandom(32)
+    cache = CacheFile(tmp_path, "a" * 64, "b" * 64, embedder.name, key)
+    cache.save(index, {"ws://r": 1_700_000_002}, {"ws://r": 1.5}, {"c" * 64: 7})
+    plain = cache._open_file()
+    assert plain is not None
+    payload = msgspec.msgpack.decode(plain, type=Payload)
+    assert payload.slugs == list(values) and payload.seen_at == [7]
+    assert payload.relays == {"ws://r": 1_700_000_002} and payload.seen_ids == bytes(32 * [0xCC])
+    again = RecallIndex(embedder)
+    assert cache.load(again) is not None
+    assert again.heads == index.heads
+    for query in ("which editor for go", "who runs payments", "March 2025"):
+        assert again.rank(query, 5) == index.rank(query, 5)
+    stranger = CacheFile(tmp_path, "a" * 64, "b" * 64, embedder.name, os.urandom(32))
+    assert stranger.load(RecallIndex(embedder)) is None

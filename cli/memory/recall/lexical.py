@@ -125,26 +125,41 @@ class Lexical:
     def export(self, rows: list[int]) -> Terms:
         """The terms of these live rows, in this order (for the cache), gathered from the
         postings with numpy (a row's terms come out in term order)."""
-        position = np.full(len(self._len), -1, dtype=np.int64)
-        position[np.asarray(rows, dtype=np.int64)] = np.arange(len(rows))
+        # int32 throughout and each temporary dropped once used: at 100,000 memories the
+        # postings are ~3M entries, and int64 copies of them (a lexsort, a unique) raised
+        # the saving process's peak RSS past 400 MB (bench recall speed)
+        position = np.full(len(self._len), -1, dtype=np.int32)
+        position[np.asarray(rows, dtype=np.int64)] = np.arange(len(rows), dtype=np.int32)
         parts = [(n, p) for n, p in enumerate(self._post) if p is not None and len(p[0])]
         if not parts:
             zero = np.zeros(len(rows), np.int32)
             return Terms([], zero, np.zeros(0, np.int32), np.zeros(0, np.int32), zero)
         lengths = np.fromiter((len(p[0]) for _, p in parts), dtype=np.int64, count=len(parts))
-        term = np.repeat(np.fromiter((n for n, _ in parts), np.int64, len(parts)), lengths)
-        row = np.frombuffer(b"".join(p[0].tobytes() for _, p in parts), dtype=np.int32)
-        tf = np.frombuffer(b"".join(p[1].tobytes() for _, p in parts), dtype=np.int32)
-        at = position[row]
+        term = np.repeat(np.fromiter((n for n, _ in parts), np.int32, len(parts)), lengths)
+        del lengths
+        at = position[np.frombuffer(b"".join(p[0].tobytes() for _, p in parts), dtype=np.int32)]
+        del position
         keep = at >= 0  # dead rows' postings are dropped here too
-        at, term, tf = at[keep], term[keep], tf[keep]
-        order = np.lexsort((term, at))
-        used, local = np.unique(term[order], return_inverse=True)
+        at, term = at[keep], term[keep]
+        tf = np.frombuffer(b"".join(p[1].tobytes() for _, p in parts), dtype=np.int32)[keep]
+        del keep, parts
+        # postings come in term order, so a stable sort by row keeps each row's terms in
+        # term order
+        order = np.argsort(at, kind="stable")
+        counts = np.bincount(at, minlength=len(rows)).astype(np.int32)
+        del at
+        term = term[order]
+        tf = tf[order]
+        del order
+        present = np.zeros(len(self._vocab), dtype=bool)
+        present[term] = True
+        used = np.flatnonzero(present)
+        local = (np.cumsum(present, dtype=np.int32) - 1)[term]
         return Terms(
             [self._vocab[i] for i in used.tolist()],
-            np.bincount(at, minlength=len(rows)).astype(np.int32),
-            local.astype(np.int32),
-            tf[order].astype(np.int32),
+            counts,
+            local,
+            tf,
             self._len[rows].astype(np.int32) if rows else np.zeros(0, np.int32),
         )
 
