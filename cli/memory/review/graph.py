@@ -86,7 +86,7 @@ def layout(snapshot: Snapshot) -> Picture:
         columns.append(("orphans: not reachable from core", [(s, "orphan") for s in orphans]))
     targets = list(dict.fromkeys(t for _, t in dangling))
     if targets:
-        columns.append(("dangling: absent, removed or denied", [(t, "dangling") for t in targets]))
+        columns.append(("dangling: no live memory", [(t, "dangling") for t in targets]))
 
     total = sum(len(m) for _, m in columns)
     nodes: list[Node] = []
