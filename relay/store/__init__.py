@@ -76,18 +76,29 @@ def error_result(text: str) -> SaveResult:
 Saved = Callable[[SaveResult], None]  # told an event's outcome once its batch committed
 
 
-def submit_to(
-    enqueue: Callable[[Event, bytes, str, Saved], None], event: Event, raw: bytes, tenant: str
-) -> asyncio.Future[SaveResult]:
-    """`EventWrites.submit` by its `enqueue`: a future resolved by the `Saved` callback."""
-    future: asyncio.Future[SaveResult] = asyncio.get_running_loop().create_future()
+class ByEnqueue:
+    """`EventWrites.submit` and `save` in terms of `enqueue`, written once for every
+    store (PostgreSQL's writer, the router, the reference store)."""
 
-    def done(result: SaveResult) -> None:
-        if not future.done():
-            future.set_result(result)
+    def enqueue(self, event: Event, raw: bytes, tenant: str, done: Saved) -> None:
+        raise NotImplementedError
 
-    enqueue(event, raw, tenant, done)
-    return future
+    def submit(
+        self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT
+    ) -> asyncio.Future[SaveResult]:
+        """`enqueue` as a future, resolved by its `Saved` callback after the commit."""
+        future: asyncio.Future[SaveResult] = asyncio.get_running_loop().create_future()
+
+        def done(result: SaveResult) -> None:
+            if not future.done():
+                future.set_result(result)
+
+        self.enqueue(event, raw, tenant, done)
+        return future
+
+    async def save(self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT) -> SaveResult:
+        """Store durably; returns only after the transaction holding the event committed."""
+        return await self.submit(event, raw, tenant)
 
 
 class EventWrites(Protocol):

@@ -36,10 +36,10 @@ from relay.store import (
     STALE,
     STORED,
     TIE_LOST,
+    ByEnqueue,
     Saved,
     SaveResult,
     SaveStatus,
-    submit_to,
 )
 from relay.store.sqlwrite import RowError, deletion_targets, encode_row
 from relay.store.tagindex import address_d
@@ -59,7 +59,7 @@ class _Tenant:
     vanished: dict[str, int] = field(default_factory=dict)  # author -> up to created_at
 
 
-class MemoryStore:
+class MemoryStore(ByEnqueue):
     """EventStore (relay.store) in memory: the reference implementation."""
 
     def __init__(
@@ -87,14 +87,6 @@ class MemoryStore:
         self._batch.append((event, bytes(raw), tenant, done))
         if len(self._batch) == 1:
             asyncio.get_running_loop().call_soon(self._commit)
-
-    def submit(
-        self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT
-    ) -> asyncio.Future[SaveResult]:
-        return submit_to(self.enqueue, event, raw, tenant)
-
-    async def save(self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT) -> SaveResult:
-        return await self.submit(event, raw, tenant)
 
     def _commit(self) -> None:
         """One batch: what was enqueued in one loop iteration, taken as the group-commit

@@ -26,16 +26,15 @@ from relay.config import Settings
 from relay.store import (
     BLOCKED,
     CLOSED,
-    DEFAULT_TENANT,
     DUPLICATE,
     STALE,
     STORED,
     TIE_LOST,
+    ByEnqueue,
     Saved,
     SaveResult,
     SaveStatus,
     error_result,
-    submit_to,
 )
 from relay.store import sqlwrite as q
 from relay.store.pgbase import ACQUIRE_TIMEOUT, PostgresBase, failure
@@ -105,7 +104,7 @@ def _columns(batch: list[Pending]) -> list[list[Any]]:
     return columns
 
 
-class PostgresWriter(PostgresBase):
+class PostgresWriter(ByEnqueue, PostgresBase):
     """The writes of PostgresStore (EventWrites)."""
 
     _wake_nodes: Callable[[], None]  # relay.store.pgbus.PostgresBusRows
@@ -134,16 +133,6 @@ class PostgresWriter(PostgresBase):
         self._wakeup.set()
         if self._writers:  # a cancelled writer answered its events (_writer_failed)
             await asyncio.gather(*self._writers, return_exceptions=True)
-
-    async def save(self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT) -> SaveResult:
-        """Store durably; returns only after the transaction holding the event committed."""
-        return await self.submit(event, raw, tenant)
-
-    def submit(
-        self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT
-    ) -> asyncio.Future[SaveResult]:
-        """`save` without a coroutine: the future resolves after the commit."""
-        return submit_to(self.enqueue, event, raw, tenant)
 
     def enqueue(self, event: Event, raw: bytes, tenant: str, done: Saved) -> None:
         """`done(result)` after the batch holding the event commits (EventStore.enqueue);

@@ -25,7 +25,7 @@ from engram.nip01 import Event
 from relay.config import DEFAULT_PRIVATE, Settings
 from relay.filters import Filter
 from relay.moderation import Moderation
-from relay.store import DEFAULT_TENANT, Saved, SaveResult, SaveStatus, StoreError, submit_to
+from relay.store import DEFAULT_TENANT, ByEnqueue, Saved, SaveResult, SaveStatus, StoreError
 from relay.store.pgbase import failure
 from relay.store.pgbus import RoutedBus
 from relay.store.postgres import PostgresStore
@@ -39,7 +39,7 @@ UNAVAILABLE = Reason.ERROR("this tenant's database is unavailable")
 _CLOSE_UNUSED_AFTER = 30.0  # seconds a database no tenant uses stays open (in-flight work)
 
 
-class StoreRouter:
+class StoreRouter(ByEnqueue):
     """The relay's store (relay.store.RelayStore): each tenant routed to the PostgresStore
     of its database; control on the relay's database; one live bus over them all."""
 
@@ -70,14 +70,6 @@ class StoreRouter:
         return self._stores.get(self.database_of(tenant))
 
     # --- EventWrites, EventReads ---------------------------------------------------------
-
-    async def save(self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT) -> SaveResult:
-        return await self.submit(event, raw, tenant)
-
-    def submit(
-        self, event: Event, raw: bytes, tenant: str = DEFAULT_TENANT
-    ) -> asyncio.Future[SaveResult]:
-        return submit_to(self.enqueue, event, raw, tenant)
 
     def enqueue(self, event: Event, raw: bytes, tenant: str, done: Saved) -> None:
         store = self.store_for(tenant)
