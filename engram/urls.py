@@ -68,12 +68,14 @@ def parse_relay_url(url: str) -> RelayUrl | None:
 
 
 def host_of(url: str) -> str:
-    """Lower-cased host name of a URL or a bare host name, port stripped ('' if none).
-    For configuration (tenant host names); a request's Host header is parsed by
-    `relay.hosts.parse_host`, which refuses what is not a Host."""
+    """The host name of a URL or a bare host name as `normalize_host` writes it, port
+    stripped ('' if none). For configuration (tenant host names); a request's Host header
+    is parsed by `relay.hosts.parse_host`, which refuses what is not a Host, and keyed by
+    `relay.hosts.host_key` through the same `normalize_host`."""
     if "//" not in url:
         url = "//" + url
     try:
-        return (urlsplit(url).hostname or "").lower()
+        host = urlsplit(url).hostname
     except ValueError:
         return ""
+    return normalize_host(host) if host else ""

@@ -18,6 +18,7 @@ _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_\-]{0,61}[A-Za-z0-9_])?"  # "_": compose se
 _HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
 RESOLVE_SECONDS = 60.0  # how long a resolved name's addresses are kept
 UNRESOLVED_SECONDS = 5.0  # ... and a name that did not resolve (its scraper is not up yet)
+RESOLVE_TIMEOUT = 2.0  # a lookup that takes longer counts as not resolved
 
 
 def parse_allowlist(entries: Iterable[str], setting: str) -> tuple[list[Network], list[str]]:
@@ -55,6 +56,7 @@ class Allowlist:
     def __init__(self, entries: Iterable[str], setting: str) -> None:
         self.networks, self.names = parse_allowlist(entries, setting)
         self._resolved: dict[str, tuple[float, frozenset[str]]] = {}
+        self._lookups: dict[str, asyncio.Future[frozenset[str]]] = {}  # one in flight a name
 
     async def allows(self, ip: str) -> bool:
         addr = _address(ip)
@@ -68,18 +70,30 @@ class Allowlist:
         return False
 
     async def _addresses(self, name: str) -> frozenset[str]:
+        """The name's addresses, kept a while; one lookup at a time per name, with a
+        deadline (any request from an unlisted address may ask, so a slow resolver must
+        not pile up lookups)."""
         now = time.monotonic()
         cached = self._resolved.get(name)
         if cached is not None and cached[0] > now:
             return cached[1]
+        lookup = self._lookups.get(name)
+        if lookup is None:
+            lookup = self._lookups[name] = asyncio.ensure_future(self._resolve(name))
+            lookup.add_done_callback(lambda _: self._lookups.pop(name, None))
+        return await asyncio.shield(lookup)
+
+    async def _resolve(self, name: str) -> frozenset[str]:
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                name, None, type=socket.SOCK_STREAM
+            infos = await asyncio.wait_for(
+                asyncio.get_running_loop().getaddrinfo(name, None, type=socket.SOCK_STREAM),
+                RESOLVE_TIMEOUT,
             )
             found = frozenset(
                 str(a) for info in infos if (a := _address(str(info[4][0]))) is not None
             )
-        except OSError:
+        except (OSError, TimeoutError):
             found = frozenset()
-        self._resolved[name] = (now + (RESOLVE_SECONDS if found else UNRESOLVED_SECONDS), found)
+        wait = RESOLVE_SECONDS if found else UNRESOLVED_SECONDS
+        self._resolved[name] = (time.monotonic() + wait, found)
         return found

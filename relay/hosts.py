@@ -11,6 +11,7 @@ import ipaddress
 import re
 
 from engram.urls import host_of as host_of  # configuration: tenant host names
+from engram.urls import normalize_host
 
 # RFC 3986 reg-name: *( unreserved / pct-encoded / sub-delims )
 _REG_NAME = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})*")
@@ -52,6 +53,7 @@ def parse_host(value: str) -> tuple[str, int | None] | None:
 
 
 def host_key(value: str) -> str:
-    """The host a Host header names, as tenants are keyed ('' when it names none)."""
+    """The host a Host header names, as tenants are keyed ('' when it names none): by
+    `normalize_host`, as configured host names are (`host_of`)."""
     parsed = parse_host(value)
-    return parsed[0].removesuffix(".") if parsed else ""
+    return normalize_host(parsed[0]) if parsed else ""

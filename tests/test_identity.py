@@ -361,6 +361,46 @@ def test_host_headers_are_parsed_as_rfc_9110_says(tenanted) -> None:
     sock.close()
 
 
+def test_configured_hosts_and_host_headers_are_keyed_alike() -> None:
+    """A tenant's configured host name and the Host header that names it meet in one
+    form: lower case, no trailing dot, an IP address canonical."""
+    from relay.hosts import host_key, host_of
+
+    for configured, header, key in [
+        ("Example.COM.", "example.com", "example.com"),
+        ("wss://Relay.Example.com:443/", "relay.example.com.:443", "relay.example.com"),
+        ("[0:0::1]", "[::1]:7777", "::1"),
+        ("127.0.0.1", "127.0.0.1:80", "127.0.0.1"),
+    ]:
+        assert host_of(configured) == host_key(header) == key, configured
+
+
+async def test_metrics_allow_names_resolve_one_at_a_time_within_a_deadline(monkeypatch) -> None:
+    """Any request from an unlisted address may make the relay resolve the allowlist's
+    names: a resolver that hangs costs one lookup per name, bounded by RESOLVE_TIMEOUT,
+    however many requests come meanwhile."""
+    import asyncio
+    import time
+
+    from relay import allowlist
+
+    monkeypatch.setattr(allowlist, "RESOLVE_TIMEOUT", 0.2)
+    calls = 0
+
+    async def hanging(*args: object, **kwargs: object) -> list[object]:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(30)
+        return []
+
+    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", hanging)
+    listed = allowlist.Allowlist(["prometheus"], "metrics_allow")
+    began = time.monotonic()
+    answers = await asyncio.gather(*(listed.allows("10.1.2.3") for _ in range(50)))
+    assert answers == [False] * 50 and calls == 1
+    assert time.monotonic() - began < 5
+
+
 def test_metrics_are_for_the_operator_only(plain, start_relay) -> None:
     rp, _ = plain
 
