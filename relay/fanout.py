@@ -20,7 +20,7 @@ from typing import Protocol
 
 from engram.nip01 import Event
 from relay import metrics
-from relay.config import DEFAULT_PRIVATE, KIND_ENGRAM
+from relay.config import DEFAULT_PRIVATE, MEMORY_KINDS
 from relay.filters import Filter, content_words, match_key, matches_any, query_words
 from relay.policy import readers
 from relay.wire import Reason, closed, event_frame, sub_prefix
@@ -224,8 +224,11 @@ class FanOut:
             bucket = index.get(key)
             if bucket:
                 candidates |= bucket
-        words: frozenset[str] | None = None  # the content's, once, if a search may read them
-        if self._searches and event.kind != KIND_ENGRAM:
+        # the content's words, once, when a live search is indexed by a word (a search
+        # indexed otherwise reads them only if its candidate comes up); agent memory is
+        # ciphertext that no search matches (relay.filters.words_match)
+        words: frozenset[str] | None = None
+        if self._words and event.kind not in MEMORY_KINDS:
             words = content_words(event)
             by_word = self._words
             if len(words) <= len(by_word):

@@ -135,11 +135,6 @@ def words_match(terms: tuple[str, ...], event: Event, words: frozenset[str] | No
     return all(w in words for w in terms)
 
 
-def search_matches(query: str, event: Event) -> bool:
-    """`words_match` for a query given as text."""
-    return words_match(query_words(query), event)
-
-
 def restrict_search(f: Filter, search_kinds: frozenset[int] | None) -> None:
     """A NIP-50 filter matches only searchable kinds (Settings.search_kinds), stored and
     live alike: its `kinds` become their intersection (empty: it matches nothing)."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import msgspec
 
 from engram.nip01 import Event
-from engram.replace import NEWER_STORED
+from engram.replace import NEWER_STORED, superseded_message
 from engram.replace import TIE_LOST as _TIE_LOST
 from relay.config import DEFAULT_PRIVATE
 from relay.filters import Filter
@@ -62,6 +62,14 @@ DUPLICATE = SaveResult(SaveStatus.DUPLICATE, Reason.DUPLICATE("already have this
 # a version that wins its address is stored (engram.replace: which one, in the message)
 STALE = SaveResult(SaveStatus.STALE, NEWER_STORED)
 TIE_LOST = SaveResult(SaveStatus.STALE, _TIE_LOST)
+
+
+def stale_result(created_at: int, stored_created_at: int | None) -> SaveResult:
+    """STALE or TIE_LOST for a version that lost to the stored head (engram.replace says
+    which; None: the winner is not known any more)."""
+    return TIE_LOST if superseded_message(created_at, stored_created_at) == _TIE_LOST else STALE
+
+
 BLOCKED = SaveResult(
     SaveStatus.BLOCKED, Reason.BLOCKED("this event was deleted by its author (NIP-09 or NIP-62)")
 )

@@ -25,7 +25,6 @@ from engram.kinds import KIND_DELETION
 from engram.nip01 import Event
 from engram.nip62 import KIND_GIFT_WRAP, KIND_VANISH
 from engram.readers import parties
-from engram.replace import superseded_message
 from relay.config import DEFAULT_PRIVATE, MEMORY_KINDS
 from relay.filters import Filter, matches
 from relay.store import (
@@ -33,13 +32,12 @@ from relay.store import (
     CLOSED,
     DEFAULT_TENANT,
     DUPLICATE,
-    STALE,
     STORED,
-    TIE_LOST,
     ByEnqueue,
     Saved,
     SaveResult,
     SaveStatus,
+    stale_result,
 )
 from relay.store.sqlwrite import RowError, deletion_targets, encode_row
 from relay.store.tagindex import address_d
@@ -162,8 +160,7 @@ class MemoryStore(ByEnqueue):
         if head_id == event.id:
             return DUPLICATE
         head = None if head_id is None else t.events[head_id][0]
-        lost = superseded_message(event.created_at, None if head is None else head.created_at)
-        return TIE_LOST if lost == TIE_LOST.message else STALE
+        return stale_result(event.created_at, None if head is None else head.created_at)
 
     # --- EventReads ---------------------------------------------------------------------
 

@@ -20,7 +20,6 @@ from engram.head import beats
 from engram.kinds import KIND_DELETION
 from engram.nip01 import Event
 from engram.nip62 import KIND_VANISH
-from engram.replace import NEWER_STORED, superseded_message
 from relay import metrics
 from relay.config import Settings
 from relay.store import (
@@ -29,12 +28,12 @@ from relay.store import (
     DUPLICATE,
     STALE,
     STORED,
-    TIE_LOST,
     ByEnqueue,
     Saved,
     SaveResult,
     SaveStatus,
     error_result,
+    stale_result,
 )
 from relay.store import sqlwrite as q
 from relay.store.pgbase import ACQUIRE_TIMEOUT, PostgresBase, failure
@@ -298,10 +297,8 @@ class PostgresWriter(ByEnqueue, PostgresBase):
                 head = heads.get(i)
                 if head is not None and head[0] == batch[i].row[0]:
                     results[i] = DUPLICATE
-                elif superseded_message(batch[i].row[2], head and head[1]) == NEWER_STORED:
-                    results[i] = STALE
                 else:
-                    results[i] = TIE_LOST
+                    results[i] = stale_result(batch[i].row[2], head and head[1])
 
     async def _deleted_earlier(self, conn: Any, batch: list[Pending]) -> set[int]:
         """NIP-09: indexes of batch events their author already deleted."""
