@@ -179,9 +179,12 @@ def memory(
     key_file: Path | None,
     agent: str | None,
     timeout: float,
+    one_shot: bool = True,
 ) -> AgentMemory:
+    """The memory the flags name; `one_shot`: a command's run (a long-running server such
+    as `engram review` keeps its recall index current in the background instead)."""
     return AgentMemory(
-        load_identity(key_file, owner, agent), relay_urls(relay), timeout=timeout, one_shot=True
+        load_identity(key_file, owner, agent), relay_urls(relay), timeout=timeout, one_shot=one_shot
     )
 
 

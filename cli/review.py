@@ -50,7 +50,7 @@ def review_command(
     from cli.memory.review.server import serve
 
     try:
-        mem = memory(relay, owner, key_file, agent, timeout)
+        mem = memory(relay, owner, key_file, agent, timeout, one_shot=False)
     except AgentMemoryError as exc:
         fail(str(exc), exc.exit_code)
 

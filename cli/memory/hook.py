@@ -13,7 +13,6 @@ Three outcomes, one type each, so no caller can confuse them:
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -159,6 +158,8 @@ class RecallHook:
             return None
         if not found.hits:
             return None
+        from cli.memory.recall.present import ended  # loaded with recall, as the hits were
+
         lines = [RECALL_HEADER, ""]
         for h in found.hits:
             value = " ".join(h.value.split())
@@ -167,7 +168,7 @@ class RecallHook:
             about = f"created_at {h.created_at}, trust {h.trust or 'not recorded'}"
             if h.role == "owner":
                 about += ", from your owner"
-            if h.valid_until is not None and h.valid_until <= time.time():
+            if ended(h):
                 about += ", validity ended"
             lines.append(f"- [[{h.slug}]] ({about}): {value}")
         return "\n".join(lines)

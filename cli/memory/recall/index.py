@@ -24,7 +24,7 @@ from cli.memory.recall import fusion
 from cli.memory.recall.dense import Embedder
 from cli.memory.recall.lexical import Lexical, Terms
 from cli.memory.recall.text import normalise, slug_words, terms
-from engram import Body, Head, beats, body_text, is_live
+from engram import beats
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +65,6 @@ def quantize(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     peak = np.abs(vectors).max(axis=1) if len(vectors) else np.zeros(0, np.float32)
     scales = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
     return np.rint(vectors / scales[:, None]).astype(np.int8), scales
-
-
-def live_value(body: Body) -> str | None:
-    """The text recall indexes for a head: its value when `engram.is_live`, else None."""
-    return body_text(body) if is_live(body) else None
 
 
 def doc_text(slug: str, value: str) -> str:
@@ -130,9 +125,6 @@ class RecallIndex:
             ids = self._id_set = {k.event_id for k in self.heads.values()}
         return ids
 
-    def newest(self) -> int:
-        return max((k.created_at for k in self.heads.values()), default=0)
-
     def quantized(self, slugs: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """int8 vectors and scales of these live slugs, in this order (for the cache)."""
         rows = np.fromiter((self._row_of[s] for s in slugs), dtype=np.int64, count=len(slugs))
@@ -149,15 +141,9 @@ class RecallIndex:
 
     # -- updates ---------------------------------------------------------------------
 
-    def apply(self, heads: Iterable[Head]) -> int:
-        """Take every head that beats what the index holds for its slug (spec: *Head
-        selection*); returns how many changed. New live values are embedded in one batch."""
-        return self.apply_known(
-            (h.body.slug, Known(h.event.id, h.event.created_at, live_value(h.body))) for h in heads
-        )
-
     def apply_known(self, entries: Iterable[tuple[str, Known]]) -> int:
-        """`apply` for heads already reduced to `Known` (a write this process made)."""
+        """Take every entry that beats what the index holds for its slug (spec: *Head
+        selection*; a write this process made, or a test's); returns how many changed."""
         changed: dict[str, Known] = {}
         for slug, k in entries:
             prior = changed.get(slug) or self.heads.get(slug)

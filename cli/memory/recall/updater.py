@@ -18,8 +18,9 @@ MCP server, the ACP proxy) lives. Each relay is brought up to date by one of:
 An event is verified and decrypted only if it could change a head: one whose `d` is a known
 slug's and that does not beat that slug's head (the same event again, or an older version)
 is skipped unverified, since nothing is taken from it. Every other event goes through
-`HeadChecker` (all five validity rules) and the head rule (`engram.beats`, in
-`RecallIndex.apply`: the winner is kept whatever order events come in), then
+`HeadChecker` (all five validity rules) and the head rule (`engram.beats`, through
+`engram.live` with the index's entry as one of the versions: the winner is kept whatever
+order events come in), then
 the owner's verdicts (kind 4175: denials, corrections, confirmations, forgets; few, read
 whole on every refresh) go with it through `engram.live`, the rule every read of memory
 goes through, which decides what a slug reads as, and so what is indexed. A whole read is
@@ -316,13 +317,14 @@ class Recall:
         return got
 
     async def _catch_up(
-        self, client: RelayClient, first: bool, tally: _Tally
+        self, client: RelayClient, first: bool, tally: _Tally, checker: HeadChecker
     ) -> tuple[Fetched, Fetched]:
         """One relay brought up to date on a call (see the module docstring): (heads, every
         owner verdict). The verdicts come first, so that heads taken page by page are
-        read with them."""
+        read with them; `checker` is the call's, so that `_apply` does not check them
+        again."""
         verdicts = await fetch_all(client, self._verdict_filter(), self._limits.get(client.url))
-        self._take_verdicts({client.url: verdicts}, HeadChecker(self.identity), whole=False)
+        self._take_verdicts({client.url: verdicts}, checker, whole=False)
         return await self._heads(client, first, tally), verdicts
 
     async def _heads(self, client: RelayClient, first: bool, tally: _Tally) -> Fetched:
@@ -353,8 +355,9 @@ class Recall:
 
     def _apply_events(self, events: list[Event], checker: HeadChecker) -> tuple[int, Counter[str]]:
         """Verify and index what could change a head among `events` (the head rule holds
-        whatever order events come in: `RecallIndex.apply` keeps the winner); events that
-        are no head after that are remembered as seen. (heads changed, skipped by reason)"""
+        whatever order events come in: `_take` weighs each against the index's entry);
+        events that are no head after that are remembered as seen. (heads changed,
+        skipped by reason)"""
         assert self.index is not None
         heads = checker.heads(e for e in events if self._could_change(e))
         changed = self._take(heads, checker)
@@ -372,11 +375,14 @@ class Recall:
         fetched: dict[str, Fetched],
         tally: _Tally,
         verdicts: dict[str, Fetched] | None = None,
+        checker: HeadChecker | None = None,
     ) -> None:
         """What the relays returned (and was not already taken page by page); with
-        `verdicts`, the owner's verdicts as read whole from every relay that answered."""
-        checker = HeadChecker(self.identity)  # one for all: an event two relays gave is
-        if verdicts is not None:  # verified once
+        `verdicts`, the owner's verdicts as read whole from every relay that answered.
+        One checker for all (the call's, when given): an event two relays gave, or one
+        already checked on arrival, is verified once."""
+        checker = checker or HeadChecker(self.identity)
+        if verdicts is not None:
             self._take_verdicts(verdicts, checker, whole=True)
         for url, got in fetched.items():
             events = list(got.events.values())
@@ -408,7 +414,10 @@ class Recall:
             first = not self._started
             self.methods = {}
             tally = _Tally()
-            answers, failed = await self._on_each(lambda c: self._catch_up(c, first, tally))
+            checker = HeadChecker(self.identity)
+            answers, failed = await self._on_each(
+                lambda c: self._catch_up(c, first, tally, checker)
+            )
             self._started = True
             fetched = {u: heads for u, (heads, _) in answers.items()}
             verdicts = {u: got for u, (_, got) in answers.items()}
@@ -420,7 +429,7 @@ class Recall:
                 if (why := got.why_incomplete(self._limits.get(u) is not None)) is not None
                 and not (got is fetched.get(u) and self.methods.get(u) == "negentropy")
             }
-            self._apply(fetched, tally, verdicts)
+            self._apply(fetched, tally, verdicts, checker)
             changed = tally.changed
             if changed or self.rebuilt or self._dirty or self.newest != self._saved_newest:
                 if self.rebuilt:  # a whole build: kept at once

@@ -89,4 +89,5 @@ async def serve(
                 await watcher
         sock.close()
         review.finish()
+        await memory.close()  # the recall index's connections, and its cache if a change waits
     return stopped

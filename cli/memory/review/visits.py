@@ -19,6 +19,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from cli.files import open_private
 from cli.memory.review.snapshot import Row, Snapshot
 
 MARK_VERSION = 1
@@ -72,10 +73,9 @@ def save(path: Path, mark: Mark) -> None:
         "heads": {d: list(v) for d, v in sorted(mark.heads.items())},
     }
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
+        with open_private(tmp) as fh:  # 0600 even over a leftover of a wider mode
+            fh.write(json.dumps(data).encode())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
