@@ -89,12 +89,12 @@ def _oldest_first(versions: Iterable[Version]) -> list[Version]:
     return sorted(dedupe(versions), key=_key, reverse=True)
 
 
-def denials(versions: Iterable[Version]) -> dict[str, Version]:
-    """value sha256 -> the owner verdict that denies it. An owner's later value with the
-    same hash (a confirmation or a correction) lifts the denial; nothing else does."""
+def _rejected(versions: Iterable[Version], owner_only: bool) -> dict[str, Version]:
+    """value sha256 -> the newest removal that rejects it, oldest first: a later value
+    with that hash lifts it (`owner_only`: only owner versions count, either way)."""
     out: dict[str, Version] = {}
     for v in _oldest_first(versions):
-        if v.role != OWNER:
+        if owner_only and v.role != OWNER:
             continue
         if v.text is None:
             out.update(dict.fromkeys(v.meta.rejected, v))
@@ -103,16 +103,16 @@ def denials(versions: Iterable[Version]) -> dict[str, Version]:
     return out
 
 
+def denials(versions: Iterable[Version]) -> dict[str, Version]:
+    """value sha256 -> the owner verdict that denies it. An owner's later value with the
+    same hash (a confirmation or a correction) lifts the denial; nothing else does."""
+    return _rejected(versions, owner_only=True)
+
+
 def rejections(versions: Iterable[Version]) -> dict[str, Version]:
     """value sha256 -> the newest removal (tombstone, denial, forget) that rejects it, unless
     a later version asserted that value again (with force, or by the owner)."""
-    out: dict[str, Version] = {}
-    for v in _oldest_first(versions):
-        if v.text is None:
-            out.update(dict.fromkeys(v.meta.rejected, v))
-        else:
-            out.pop(sha256_text(v.text) or "", None)
-    return out
+    return _rejected(versions, owner_only=False)
 
 
 def withheld(version: Version, versions: Iterable[Version]) -> Version | None:

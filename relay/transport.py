@@ -293,8 +293,6 @@ async def bounded(
 ) -> None:
     """`guarded`, holding one of read_frames's `in_flight_max` slots until it ends."""
     try:
-        await work
-    except Exception:
-        frame_failed(session)
+        await guarded(work, session)
     finally:
         slots.release()

@@ -29,7 +29,7 @@ from cli.errors import (
     RelayError,
 )
 from cli.identity import Identity
-from cli.memory.heads import HeadChecker, as_version, behind
+from cli.memory.heads import HeadChecker, as_version, behind, memory_filters
 from cli.memory.replication import reconciled
 from cli.memory.results import SetReport, WriteResult, sha256_hex
 from cli.paging import Fetched, fetch_all
@@ -37,7 +37,6 @@ from cli.relayset import RelaySession, parse_relays
 from engram import (
     FUTURE_SKEW_MAX,
     KIND_ENGRAM,
-    KIND_REVISION,
     KIND_VERDICT,
     ClockConflictError,
     EngramError,
@@ -164,13 +163,7 @@ class MemoryBase:
 
     def _filters(self, d: str | None = None, *, history: bool = False) -> list[dict[str, Any]]:
         """The agent's heads (and revisions, for history) and the owner's verdicts."""
-        ident = self.identity
-        by_d = {"#d": [d]} if d is not None else {}
-        kinds = [KIND_ENGRAM, KIND_REVISION] if history else [KIND_ENGRAM]
-        return [
-            {"kinds": kinds, "authors": [ident.agent], "#p": [ident.owner], **by_d},
-            {"kinds": [KIND_VERDICT], "authors": [ident.owner], "#p": [ident.agent], **by_d},
-        ]
+        return memory_filters(self.identity, d, history=history)
 
     async def _session(self, urls: Sequence[str] | None = None) -> RelaySession:
         session = RelaySession(urls or self.relays, self.identity.seckey, self.timeout)

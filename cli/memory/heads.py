@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 import msgspec
 
@@ -15,7 +16,20 @@ from cli.memory.results import SKIP_REASONS
 from engram import KIND_ENGRAM, Head, InvalidEngramError, first_valid_heads
 from engram.envelope import open_engram
 from engram.nip01 import Event
-from engram.versions import Version, head_version, validate_version
+from engram.versions import KIND_REVISION, KIND_VERDICT, Version, head_version, validate_version
+
+
+def memory_filters(
+    ident: Identity, d: str | None = None, *, history: bool = False
+) -> list[dict[str, Any]]:
+    """The REQ filters of one agent's memory: [the agent's heads (and revisions, for
+    history), the owner's verdicts], for one slug's `d` tag or all."""
+    by_d = {"#d": [d]} if d is not None else {}
+    kinds = [KIND_ENGRAM, KIND_REVISION] if history else [KIND_ENGRAM]
+    return [
+        {"kinds": kinds, "authors": [ident.agent], "#p": [ident.owner], **by_d},
+        {"kinds": [KIND_VERDICT], "authors": [ident.owner], "#p": [ident.agent], **by_d},
+    ]
 
 
 class HeadChecker:

@@ -19,7 +19,6 @@ import contextlib
 import hashlib
 import os
 import tempfile
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,21 +29,17 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from cli.files import data_dir
 from cli.memory.recall.index import Known, RecallIndex
 from cli.memory.recall.lexical import Terms
 
 MAGIC = b"engram-recall-cache/3\n"  # 3: slug-and-value vectors, lexical terms, seen events, trust
 KEY_LABEL = b"engram/recall-cache/v1"
 CHUNK = 1 << 20  # bytes encrypted or decrypted at a time
-APP_NAME = "engram-relay"  # the same data directory as `engram serve`'s embedded PostgreSQL
 
 
 def default_dir() -> Path:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        import platformdirs
-
-        return Path(platformdirs.user_data_dir(APP_NAME)) / "recall"
+    return data_dir("recall")
 
 
 class Payload(msgspec.Struct, array_like=True):

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 from cli.client import RelayClient, connect_relay, fetch_nip11, max_limit_of
 from cli.errors import AuthError, RelayError
 from cli.identity import Identity
-from cli.memory.heads import HeadChecker, as_version
+from cli.memory.heads import HeadChecker, as_version, memory_filters
 from cli.memory.recall.cache import CacheFile
 from cli.memory.recall.dense import load
 from cli.memory.recall.index import Hit, Known, RecallIndex
@@ -163,12 +163,11 @@ class Recall:
     # -- the exchange with the relays -----------------------------------------------------
 
     def _filter(self, **extra: Any) -> dict[str, Any]:
-        ident = self.identity
-        return {"kinds": [KIND_ENGRAM], "authors": [ident.agent], "#p": [ident.owner], **extra}
+        """The agent's heads (`since` and the like in `extra`)."""
+        return {**memory_filters(self.identity)[0], **extra}
 
     def _verdict_filter(self) -> dict[str, Any]:
-        ident = self.identity
-        return {"kinds": [KIND_VERDICT], "authors": [ident.owner], "#p": [ident.agent]}
+        return memory_filters(self.identity)[1]
 
     def _could_change(self, event: Event) -> bool:
         """False for an event that cannot change a head: skipped unverified."""

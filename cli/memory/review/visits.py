@@ -15,22 +15,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli.files import open_private
+from cli.files import data_dir, open_private
 from cli.memory.review.snapshot import Row, Snapshot
 
 MARK_VERSION = 1
 
 
 def state_dir() -> Path:
-    with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        warnings.simplefilter("ignore")
-        import platformdirs
-
-        return Path(platformdirs.user_data_dir("engram-relay")) / "review"
+    return data_dir("review")
 
 
 @dataclass(frozen=True)
