@@ -182,17 +182,22 @@ class Recall:
     # -- connections, kept for the object's life --------------------------------------------
 
     async def _client(self, url: str) -> RelayClient:
+        """The kept connection to `url` (made on first use), its NIP-11 known."""
         client = self._clients.get(url)
         if client is None:
             client = await connect_relay(url, self.identity.seckey, self.timeout)
             self._clients[url] = client
+        await self._doc(url)
+        return client
+
+    async def _doc(self, url: str) -> None:
+        """The relay's NIP-11 document and page limit, read once."""
         if url not in self._docs:
             try:
                 self._docs[url] = await fetch_nip11(url, self.timeout)
             except RelayError:
                 self._docs[url] = {}
             self._limits[url] = max_limit_of(self._docs[url])
-        return client
 
     async def _on_each(
         self, step: Callable[[RelayClient], Awaitable[T]], *, own: bool = False
@@ -204,7 +209,7 @@ class Recall:
 
         async def separate(url: str) -> T:
             async with asyncio.timeout(self.timeout):
-                await self._client(url)  # NIP-11 known
+                await self._doc(url)
                 client = await connect_relay(url, self.identity.seckey, self.timeout)
                 try:
                     return await step(client)
