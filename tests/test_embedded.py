@@ -12,6 +12,7 @@ import asyncpg
 
 from relay.store.embedded import (
     TUNING_FILE,
+    drop_stale_pid_file,
     memory_bytes,
     start_server,
     tuning,
@@ -119,3 +120,32 @@ def test_a_relay_that_is_pid_1_leaves_no_zombie_postmaster() -> None:
         assert done.stdout.split()[-1] == "0", f"zombie postmasters: {done.stdout}"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_lock_file_naming_a_live_process_that_is_no_postgres_is_dropped(
+    tmp_path: Path, pg_server_url: str
+) -> None:
+    """After a server was killed (`podman kill`, then a new container on the volume), its
+    postmaster.pid names a dead PID or some other live process: the wheel attached to a
+    live one (every connection refused) or read the file back while the new server
+    rewrote it. Such a file goes; one naming a PostgreSQL server stays."""
+    pid_file = tmp_path / "postmaster.pid"
+    pid_file.write_text(f"{os.getpid()}\n{tmp_path}\n1796500000\n5432\n")
+    assert drop_stale_pid_file(tmp_path) and not pid_file.exists()
+    dead = max(int(Path("/proc/sys/kernel/pid_max").read_text()) - 1, 2)
+    pid_file.write_text(f"{dead}\n{tmp_path}\n")
+    assert drop_stale_pid_file(tmp_path) and not pid_file.exists()
+    postgres = next(  # the session's PostgreSQL (pg_server_url) runs here
+        int(p.name) for p in Path("/proc").iterdir()
+        if p.name.isdigit() and _comm(p) == "postgres"
+    )  # fmt: skip
+    pid_file.write_text(f"{postgres}\n{tmp_path}\n")
+    assert not drop_stale_pid_file(tmp_path) and pid_file.exists()
+    assert not drop_stale_pid_file(tmp_path / "absent")
+
+
+def _comm(proc: Path) -> str:
+    try:
+        return (proc / "comm").read_text().strip()
+    except OSError:  # gone meanwhile
+        return ""

