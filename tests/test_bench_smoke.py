@@ -251,3 +251,21 @@ def test_bench_abuse_end_to_end(tmp_path: Path) -> None:
         assert row and int(row.group(1).replace(",", "")) > 0, text
     assert "| search flood | `longest allowed search: EOSE` |" in text, text
     assert "too many values in one REQ" in text and "**Verdicts (issue 37" in text
+
+
+def test_bench_tagvalues_end_to_end() -> None:
+    """`bench tagvalues` at a tiny size: a real relay answers REQs of 16, 256 and 1,024 tag
+    values (the last at max_req_values, so not refused) and the table has a row for each.
+    Nothing about speed is asserted."""
+    tiny = ["--events", "300", "--tags", "50", "--reps", "2"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "tagvalues", *tiny],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = re.findall(r"^\| ([\d,]+) \| (\d+) \| (\d+) \|", proc.stdout, re.M)
+    assert [r[0] for r in rows] == ["16", "256", "1,024"], proc.stdout
+    assert all(int(events) > 0 for _, _, events in rows), proc.stdout
