@@ -52,7 +52,10 @@ def start_server(pgdata: Path, cleanup_mode: str | None = "stop") -> Any:
 
     pgdata = pgdata.expanduser().resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
-    drop_stale_pid_file(pgdata)
+    # under the wheel's inter-process lock, which it holds while it starts a server: never
+    # between another process's start and the lock file that start writes
+    with getattr(postgres_server.PostgresServer, "_lock", contextlib.nullcontext()):
+        drop_stale_pid_file(pgdata)
     widen = getattr(postgres_server, "ensure_prefix_permissions", None)
     if widen is not None:
         postgres_server.ensure_prefix_permissions = _traverse_only
