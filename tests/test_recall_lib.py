@@ -142,3 +142,10 @@ def test_the_cache_written_a_member_at_a_time_loads_as_it_was(tmp_path) -> None:
         assert again.rank(query, 5) == index.rank(query, 5)
     stranger = CacheFile(tmp_path, "a" * 64, "b" * 64, embedder.name, os.urandom(32))
     assert stranger.load(RecallIndex(embedder)) is None
+    # a memory with nothing live (every slug removed) is kept and read back too
+    gone = RecallIndex(embedder)
+    gone.put({"notes/gone": Known("f" * 64, 1_700_000_009, None)})
+    cache.save(gone, {}, {}, {})
+    empty = RecallIndex(embedder)
+    assert cache.load(empty) is not None
+    assert empty.heads == gone.heads and empty.rank("anything", 5) == []

@@ -202,7 +202,9 @@ class CacheFile:
 
 
 def _raw(a: np.ndarray) -> memoryview:
-    return memoryview(np.ascontiguousarray(a)).cast("B")
+    """The array's bytes, without a copy (as bytes, not a cast: a cast refuses an empty
+    2-D array, the vectors of a memory with nothing live)."""
+    return memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
 
 
 # `Payload` as msgpack, written a member at a time: its array header, then each member in
