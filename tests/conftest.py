@@ -7,11 +7,13 @@ server named by ENGRAM_TEST_DATABASE_URL (a role that may CREATE DATABASE).
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import shutil
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import asyncpg
 import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
+from hypothesis.errors import HypothesisSideeffectWarning
 
 from engram.nip01 import Event, sign_event
 from relay.config import Settings
@@ -54,6 +57,16 @@ hypothesis_settings.register_profile("dev", deadline=None)
 hypothesis_settings.load_profile(
     os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
 )
+# Hypothesis imports its regex strategies on first use, inside a test, and pytest rewrites
+# that module as it imports it (hypothesis is a pytest plugin). CPython 3.11.7's AST
+# constructor can then fail with "SystemError: AST constructor recursion depth mismatch"
+# while a test's helper thread is at work (cpython gh-106905, pytest-dev/pytest#10763):
+# seen once here in test_engram_body. Imported now, at collection, before any test runs
+# (the module only; it reads Hypothesis's cached character map as it loads, which
+# Hypothesis flags as slow plugin start-up: a few milliseconds, once, said here instead).
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", HypothesisSideeffectWarning)
+    importlib.import_module("hypothesis.strategies._internal.regex")
 
 # --- xdist: a module marked xdist_group runs on one worker -----------------------------
 # `--dist loadgroup` (pyproject addopts) finds a group by the "@group" suffix xdist's workers
