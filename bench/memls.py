@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 async def _load(urls: list[str], seckey: bytes, owner: str, n: int) -> None:
-    from cli.client import connect_relay
+    from cli.nostr.client import connect_relay
     from engram import Memory, build_event
 
     now = int(time.time()) - n
@@ -74,7 +74,7 @@ def _line(name: str, times: list[float], count: int) -> str:
 def _process_ls(urls: list[str], agent_sk: bytes, owner: str) -> str:
     """`engram mem ls` as a user runs it: a process of its own, the relays from the
     environment; timed from start to exit."""
-    cmd = [sys.executable, "-m", "cli.main", "mem", "ls", "--timeout", "600"]
+    cmd = [sys.executable, "-m", "cli.commands.main", "mem", "ls", "--timeout", "600"]
     cli_env = {
         **os.environ,
         "ENGRAM_PRIVATE_KEY": agent_sk.hex(),
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from bench.peers import Postgres, Running, start_engram
-    from cli.identity import load_identity
+    from cli.nostr.identity import load_identity
     from cli.memory.api import AgentMemory
     from engram.nip01 import pubkey_of
 

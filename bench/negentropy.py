@@ -11,7 +11,7 @@ differing ones are real signed events, since the sync copies them through the re
 Measured, each from the client's side over loopback websockets:
   reconcile    relay <-> relay through the client (engram sync's negentropy bridge)
   initiator    the client's own list of B against relay A (client <-> relay)
-  sync both    reconcile, then copy both ways (`cli.sync.sync_relays`)
+  sync both    reconcile, then copy both ways (`cli.commands.sync.sync_relays`)
 and the relay's memory for one open session: its item columns (computed), and the
 relay process's RSS growth with `--sessions` sessions held open at once.
 """
@@ -145,8 +145,8 @@ def _time_bridge(nodes: list[Running], half: int) -> None:
     and the CPU of the client and of each relay."""
     import psutil
 
-    from cli.client import fetch_nip11, open_relay
-    from cli.sync import Peer, reconcile
+    from cli.nostr.client import fetch_nip11, open_relay
+    from cli.commands.sync import Peer, reconcile
 
     a, b = nodes
     relays = [psutil.Process(node.pid) for node in nodes]
@@ -198,8 +198,8 @@ def _session_memory(a: Running, sides: Sides, n: int, sessions: int) -> None:
 
 
 def _time_sync(a: Running, b: Running) -> None:
-    """`cli.sync.sync_relays` both ways: reconcile and copy, then again (nothing to do)."""
-    from cli.sync import sync_relays
+    """`cli.commands.sync.sync_relays` both ways: reconcile and copy, then again (nothing to do)."""
+    from cli.commands.sync import sync_relays
 
     started = time.perf_counter()
     summary = asyncio.run(sync_relays(a.url, b.url, {}, "both"))

@@ -286,7 +286,7 @@ def _prepare_ours(log: Callable[[str], None]) -> str:
 def start_engram(workdir: Path, args: list[str], env: dict[str, str] | None = None) -> Running:
     """`engram serve` of this checkout on a free port, ready (its /healthz answers)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "cli.commands.main", "serve", "--port", str(port), *args]
     # the relay runs in `workdir`: put this checkout first, not whichever one is installed;
     # ENGRAM_BENCH_RELAY_ROOT names another checkout (a before/after run with one harness)
     root = os.environ.get("ENGRAM_BENCH_RELAY_ROOT") or str(Path(__file__).resolve().parents[1])

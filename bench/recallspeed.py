@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = r"""
 import asyncio, json, resource, sys, time
 from pathlib import Path
-from cli.identity import load_identity
+from cli.nostr.identity import load_identity
 from cli.memory.api import AgentMemory
 from cli.memory.recall.dense import load
 args = json.loads(sys.argv[1])
@@ -63,7 +63,7 @@ def _pct(values: list[float], p: float) -> float:
 
 async def _load(url: str, sk: bytes, owner: str, n: int) -> None:
     from bench.recallset import build
-    from cli.client import connect_relay
+    from cli.nostr.client import connect_relay
     from engram import Memory, build_event
 
     base = build().memories
@@ -95,7 +95,7 @@ async def _mcp(env: dict[str, str], queries: list[str]) -> list[float]:
 
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "cli.main", "mcp", "--timeout", "3600"],
+        args=["-m", "cli.commands.main", "mcp", "--timeout", "3600"],
         env=env,
         cwd=str(ROOT),
     )
@@ -154,7 +154,7 @@ def one_size(n: int, queries: list[str], workdir: Path) -> dict[str, Any]:
         for q in queries[:5]:
             t = time.perf_counter()
             subprocess.run(
-                [sys.executable, "-m", "cli.main", "mem", "recall", q],
+                [sys.executable, "-m", "cli.commands.main", "mem", "recall", q],
                 env=env_cli,
                 cwd=ROOT,
                 capture_output=True,

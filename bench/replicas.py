@@ -47,12 +47,12 @@ def _port() -> int:
 
 @contextmanager
 def relay(database_url: str, *args: str) -> Iterator[tuple[str, int]]:
-    """A relay process (`python -m cli.main serve`); yields (ws URL, PID) once ready."""
+    """A relay process (`python -m cli.commands.main serve`); yields (ws URL, PID) once ready."""
     port = _port()
     fd, log_path = tempfile.mkstemp(prefix="engram-bench-relay-", suffix=".log")
     log = os.fdopen(fd, "wb")
     env = {**os.environ, "ENGRAM_LOG_LEVEL": "warning"}
-    cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "cli.commands.main", "serve", "--port", str(port)]
     proc = subprocess.Popen(
         [*cmd, "--database-url", database_url, *args], stdout=log, stderr=log, env=env
     )

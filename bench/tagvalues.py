@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from bench.peers import Postgres, start_engram
-from cli.client import connect_relay
+from cli.nostr.client import connect_relay
 from engram.nip01 import sign_event
 
 COUNTS = (16, 256, 1024)

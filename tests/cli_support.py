@@ -26,7 +26,7 @@ from engram.nip01 import Event, pubkey_of, sign_event
 from engram.nip44 import conversation_key, encrypt
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGRAM = [sys.executable, "-m", "cli.main"]
+ENGRAM = [sys.executable, "-m", "cli.commands.main"]
 
 
 def tenant_cli(db_url: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -338,7 +338,7 @@ async def deletion_ignoring_proxy(upstream: str) -> AsyncIterator[str]:
 
 async def put(url: str, events: list[Event], seckey: bytes) -> None:
     """Publish straight to one relay (not through a set): to make relays disagree."""
-    from cli.client import connect_relay
+    from cli.nostr.client import connect_relay
 
     client = await connect_relay(url, seckey)
     try:

@@ -143,7 +143,7 @@ def _launch(
     cmd = [
         sys.executable,
         "-m",
-        "cli.main",
+        "cli.commands.main",
         "serve",
         "--port",
         str(port),

@@ -22,8 +22,8 @@ from cli_support import (
 )
 from relay_fixtures import RelayProcess
 
-from cli.identity import load_identity
 from cli.memory.hook import HEADER, NUDGE, Nothing, Nudge, Profile, fetch_core
+from cli.nostr.identity import load_identity
 from engram import Core, build_event
 
 # Outer bounds for a loaded machine: they catch a hang; which deadline ended a read is

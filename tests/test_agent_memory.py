@@ -8,8 +8,6 @@ import pytest
 from cli_support import Keys, shared_relay
 from relay_fixtures import RelayProcess
 
-from cli.errors import BadInputError
-from cli.identity import load_identity
 from cli.memory.api import (
     AgentMemory,
     AuthError,
@@ -18,6 +16,8 @@ from cli.memory.api import (
     RelayError,
     sha256_hex,
 )
+from cli.nostr.errors import BadInputError
+from cli.nostr.identity import load_identity
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ async def test_api_lifecycle_on_one_relay(relay: RelayProcess) -> None:
 
 
 def test_one_exception_class_per_exit_code() -> None:
-    from cli import errors
+    from cli.nostr import errors
 
     table = {
         errors.BadInputError: ("bad_input", 1),

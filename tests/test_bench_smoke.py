@@ -94,7 +94,7 @@ def test_engram_bench_mounts_the_suite() -> None:
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "cli.main", "bench", "--help"],
+        [sys.executable, "-m", "cli.commands.main", "bench", "--help"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -21,7 +21,7 @@ from cli_support import (
 )
 from typer.testing import CliRunner
 
-from cli.mem import MemGroup
+from cli.commands.mem_common import MemGroup
 
 Frames = list[list[Any]]
 

@@ -15,7 +15,7 @@ import pytest
 from nostr_client import Client
 from relay_fixtures import create_database_sync
 
-from cli.data import ImportSummary, parse_time
+from cli.commands.data import ImportSummary, parse_time
 from engram.nip01 import Event, pubkey_of, sign_event
 from relay.config import ConfigError, load_settings
 from relay.retention import RetentionPolicy, parse_duration
@@ -41,7 +41,7 @@ def engram(created_at: int, slot: str = "ab", kind: int = 30174) -> Event:
 def cli(*args: str, stdin: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
+        [sys.executable, "-m", "cli.commands.main", *args],
         input=stdin,
         capture_output=True,
         timeout=120,

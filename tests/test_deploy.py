@@ -699,7 +699,7 @@ def readme_engram_commands() -> list[list[str]]:
 def test_readme_engram_commands_exist_with_their_options() -> None:
     import typer.main
 
-    from cli.main import app
+    from cli.commands.main import app
 
     commands = readme_engram_commands()
     assert {tuple(c[1:3]) for c in commands} >= {("db", "status"), ("tenant", "add")}

@@ -288,8 +288,8 @@ def memory_versions(draw):
 def test_the_clients_checker_and_merge_are_engrams_rule(case, rnd) -> None:
     """`cli.memory.heads.HeadChecker` (validating lazily, newest first) and merging the
     relays' views (`merge_heads`) give exactly `heads_by_slug` of everything."""
-    from cli.identity import Identity
     from cli.memory.heads import HeadChecker
+    from cli.nostr.identity import Identity
 
     events, views = case
     rnd.shuffle(events)

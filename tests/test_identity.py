@@ -166,7 +166,7 @@ def test_the_relay_says_who_it_is(plain, public) -> None:
     assert "--public-url wss://relay.example.com" in rp.log()
     assert "no public URL" not in public.log()
     shown = subprocess.run(
-        [sys.executable, "-m", "cli.main", "config", "show", "--json"],
+        [sys.executable, "-m", "cli.commands.main", "config", "show", "--json"],
         env={**os.environ, "ENGRAM_PUBLIC_URLS": f"{PUBLIC},wss://mem.example.org/nostr"},
         capture_output=True,
         text=True,
@@ -174,7 +174,7 @@ def test_the_relay_says_who_it_is(plain, public) -> None:
     )
     assert json.loads(shown.stdout)["public_urls"] == [PUBLIC, "wss://mem.example.org/nostr"]
     bad = subprocess.run(
-        [sys.executable, "-m", "cli.main", "config", "show"],
+        [sys.executable, "-m", "cli.commands.main", "config", "show"],
         env={**os.environ, "ENGRAM_PUBLIC_URLS": "relay.example.com"},
         capture_output=True,
         text=True,
@@ -320,9 +320,9 @@ async def test_the_auth_challenge_comes_when_needed_or_on_connect(tenanted) -> N
 
 
 async def test_the_projects_client_authenticates_when_challenged_late(plain) -> None:
-    """cli.client (under `engram mem`, the memory API, MCP and sync): its first read of a
+    """cli.nostr.client (under `engram mem`, the memory API, MCP and sync): its first read of a
     private kind is refused `auth-required:` with the challenge; it AUTHs and reads."""
-    from cli.client import open_relay
+    from cli.nostr.client import open_relay
 
     port = plain[0].port
     dm = ev(FRIEND, 4, [("p", pubkey_of(READER))], "for the reader")

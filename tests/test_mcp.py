@@ -1,4 +1,4 @@
-"""`engram mcp` end to end: the `mcp` SDK's own client against `python -m cli.main mcp` as a
+"""`engram mcp` end to end: the `mcp` SDK's own client against `python -m cli.commands.main mcp` as a
 real process (stdio and streamable HTTP), on a real relay process on real PostgreSQL.
 
 Every test uses a fresh agent/owner pair. Tool errors are the contract: `isError`, one line
@@ -41,8 +41,8 @@ from mcp.types import CallToolResult
 from nostr_client import Client as NostrClient
 from relay_fixtures import RelayProcess, free_port, proxied_env
 
-from cli.identity import InputError
-from cli.mcp import parse_http
+from cli.commands.mcp import parse_http
+from cli.nostr.identity import InputError
 from engram.nip01 import Event, pubkey_of
 from engram.nip19 import nsec
 

@@ -28,10 +28,10 @@ from cli_support import (
 )
 from relay_fixtures import RelayProcess
 
-from cli.client import connect_relay
-from cli.errors import BadInputError, NotFoundError, RefusedError
-from cli.identity import load_identity
 from cli.memory.api import AgentMemory
+from cli.nostr.client import connect_relay
+from cli.nostr.errors import BadInputError, NotFoundError, RefusedError
+from cli.nostr.identity import load_identity
 from engram import (
     Core,
     Memory,

@@ -21,8 +21,8 @@ from negentropy_support import neg_reply, reconcile
 from nostr_client import Client
 from relay_fixtures import RelayProcess
 
-from cli.identity import load_identity
 from cli.memory.api import AgentMemory
+from cli.nostr.identity import load_identity
 from engram import KIND_REVISION, KIND_VERDICT
 from engram.negentropy import Items, Negentropy
 from engram.nip01 import Event, pubkey_of, sign_event

@@ -37,10 +37,10 @@ from relay_fixtures import RelayProcess
 from review_support import every_page, review_server
 from test_mcp import stdio_server
 
-from cli.errors import NotFoundError, RefusedError
-from cli.identity import load_identity
 from cli.memory.api import AgentMemory
 from cli.memory.hook import NUDGE
+from cli.nostr.errors import NotFoundError, RefusedError
+from cli.nostr.identity import load_identity
 from engram import Memory, build_event
 
 LIVE = ["LIVEMARK", "ACCEPTEDMARK", "OURSMARK", "NOWMARK", "ENDEDMARK"]

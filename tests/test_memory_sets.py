@@ -34,10 +34,10 @@ from relay_fixtures import RelayProcess, free_port, proxied_env
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection
 
-from cli.client import connect_relay
-from cli.identity import Identity, load_identity
 from cli.memory.api import AgentMemory
 from cli.memory.hook import Nothing, Nudge, Profile, fetch_core
+from cli.nostr.client import connect_relay
+from cli.nostr.identity import Identity, load_identity
 from engram import Core, Memory, Tombstone, build_event
 from engram.nip01 import Event, pubkey_of
 from relay.store import DEFAULT_TENANT

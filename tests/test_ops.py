@@ -27,8 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from relay_fixtures import create_database_sync
 from typer.testing import CliRunner
 
-from cli.main import app
-from cli.ops import masked, to_toml
+from cli.commands.main import app
+from cli.commands.ops import masked, to_toml
 from engram.nip01 import pubkey_of, sign_event
 from engram.nip19 import decode
 from relay import metrics, wire
@@ -37,7 +37,7 @@ from relay.logs import JsonFormatter
 
 AUX = bytes(32)
 SK = (0x0E5E0000).to_bytes(32, "big")
-ENGRAM = [sys.executable, "-m", "cli.main"]
+ENGRAM = [sys.executable, "-m", "cli.commands.main"]
 
 
 def ev(kind: int = 1, content: str = "", sk: bytes = SK, created_at: int | None = None):

@@ -1,4 +1,4 @@
-"""`cli.paging.fetch_all` handing pages to a reader (`take`) instead of keeping them: the
+"""`cli.nostr.paging.fetch_all` handing pages to a reader (`take`) instead of keeping them: the
 same events, each once, whatever the page boundaries (a relay pages with an inclusive
 `until`, so a boundary second comes back again)."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cli.paging import fetch_all
+from cli.nostr.paging import fetch_all
 from engram.nip01 import Event
 
 

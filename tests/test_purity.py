@@ -90,23 +90,55 @@ def test_cli_never_imports_bench() -> None:
         assert not bad, f"cli/{path.name} imports {bad}"
 
 
-def test_the_client_library_takes_protocol_constants_from_engram() -> None:
-    """The relay client speaks the protocol; it does not reach into the relay for it."""
-    for name in ("client.py", "peer.py", "paging.py", "reconcile.py"):
-        imports = _module_imports(CLI / name)
-        assert not {m for m in imports if m.split(".")[0] == "relay"}, name
+# cli/ is three rooms (docs/ARCHITECTURE.md §7): the commands, the Nostr client layer, the
+# agent-memory library. Which may import which:
+CLI_ROOMS: dict[str, set[str]] = {
+    # the client layer speaks the protocol: engram only (never the relay, never the rooms
+    # above), and the one home of the user's data directory (relay.dirs, a leaf)
+    "nostr": {"engram", "cli.nostr", "relay.dirs"},
+    # the memory library: the client layer, the protocol, and the relay's uvicorn Server class
+    # (relay.server) for the review page; never a command
+    "memory": {"engram", "cli.nostr", "cli.memory", "relay.server"},
+    # the commands: anything but bench
+    "commands": {"engram", "relay", "cli.nostr", "cli.memory", "cli.commands"},
+}
+PROJECT_TOPS = ("engram", "relay", "cli", "bench")
 
 
-def test_the_agent_memory_api_imports_no_command_module() -> None:
-    """`AgentMemory` and its parts are a library: no typer, no `engram …` command."""
-    commands = {"cli.sync", "cli.mem", "cli.main", "cli.tenant", "cli.mcp", "cli.ops", "cli.acp"}
-    library = sorted((CLI / "memory").glob("*.py"))
-    library += [
-        CLI / f"{name}.py" for name in ("peer", "reconcile", "paging", "relayset", "client")
-    ]
-    for path in library:
-        imports = _module_imports(path)
-        assert "typer" not in imports and not imports & commands, (path, imports & commands)
+def _allowed(module: str, allowed: set[str]) -> bool:
+    return any(module == a or module.startswith(a + ".") for a in allowed)
+
+
+def test_cli_has_exactly_the_three_rooms() -> None:
+    """Every module of cli/ lives in one room; nothing sits loose beside them."""
+    loose = [p.name for p in CLI.glob("*.py") if p.name != "__init__.py"]
+    assert loose == [], loose
+    rooms = {p.name for p in CLI.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert rooms == set(CLI_ROOMS), rooms
+
+
+def test_each_cli_room_imports_only_what_it_may() -> None:
+    for room, allowed in CLI_ROOMS.items():
+        files = sorted((CLI / room).rglob("*.py"))
+        assert files, room
+        for path in files:
+            ours = {m for m in _module_imports(path) if m.split(".")[0] in PROJECT_TOPS}
+            bad = {m for m in ours if not _allowed(m, allowed)}
+            assert not bad, f"{path.relative_to(CLI)} ({room}) imports {bad}"
+
+
+def test_the_libraries_import_no_command_framework() -> None:
+    """The client layer and `AgentMemory` are libraries: no typer, no click."""
+    for room in ("nostr", "memory"):
+        for path in sorted((CLI / room).rglob("*.py")):
+            imports = {m.split(".")[0] for m in _module_imports(path)}
+            assert not imports & {"typer", "click"}, path
+
+
+def test_control_the_room_rule_catches_a_command_import() -> None:
+    assert not _allowed("cli.commands.mem", CLI_ROOMS["memory"])
+    assert not _allowed("relay.config", CLI_ROOMS["nostr"])
+    assert _allowed("cli.nostr.client", CLI_ROOMS["memory"])
 
 
 def test_the_head_rule_is_stated_once() -> None:

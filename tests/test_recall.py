@@ -20,10 +20,10 @@ import pytest
 from cli_support import ROOT, Keys, engram, engram_async, publish, shared_relay
 from relay_fixtures import RelayProcess
 
-from cli.identity import load_identity
 from cli.memory.api import AgentMemory
 from cli.memory.recall import SETTINGS, Recall, RecallSettings
 from cli.memory.recall.cache import CacheFile
+from cli.nostr.identity import load_identity
 from engram import Memory, build_event
 
 FACTS = {

@@ -8,8 +8,8 @@ import pytest
 from cli_support import Keys, listening_never_accepting, shared_relay
 from relay_fixtures import RelayProcess
 
-from cli.identity import load_identity
 from cli.memory.api import AgentMemory
+from cli.nostr.identity import load_identity
 
 
 @pytest.fixture(scope="module")

@@ -215,7 +215,7 @@ async def test_paused_replay_read_your_writes_and_lag(start_relay, dbs):
 def test_replica_urls_from_env_masked_and_labelled():
     import msgspec
 
-    from cli.ops import masked
+    from cli.commands.ops import masked
     from relay.config import load_settings
     from relay.store.replicas import label
 

@@ -36,8 +36,8 @@ from playwright.async_api import Browser, Locator, Page, async_playwright
 from relay_fixtures import RelayProcess
 from review_support import ReviewProcess, every_page, review_server
 
-from cli.identity import load_identity
 from cli.memory import AgentMemory
+from cli.nostr.identity import load_identity
 
 # one worker runs the whole module: one browser, one relay, one review server
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.xdist_group("review-browser")]

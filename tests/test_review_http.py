@@ -18,9 +18,9 @@ from cli_support import Keys, closed_port, shared_relay
 from relay_fixtures import RelayProcess, free_port, proxied_env
 from review_support import REFUSAL, ReviewProcess, refusing_relay, review_server
 
-from cli.identity import load_identity
 from cli.memory import AgentMemory, NotFoundError
 from cli.memory.review.guard import CSP
+from cli.nostr.identity import load_identity
 from engram.nip19 import nsec
 
 # one worker runs the whole module: one relay, one review server

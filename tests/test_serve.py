@@ -32,7 +32,16 @@ async def test_serve_on_embedded_postgres_and_stop_cleanly(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--data-dir", data_dir],
+        [
+            sys.executable,
+            "-m",
+            "cli.commands.main",
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            data_dir,
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,

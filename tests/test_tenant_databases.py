@@ -37,7 +37,7 @@ def ev(sk: bytes, content: str = "", kind: int = 1, tags=()):
 
 def cli(control: str, *args: str) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", "tenant", *args, "--database-url", control],
+        [sys.executable, "-m", "cli.commands.main", "tenant", *args, "--database-url", control],
         capture_output=True,
         text=True,
         timeout=600,
@@ -219,7 +219,7 @@ async def test_cli_export_import_prune_rm_use_the_tenant_database(pg_server_url,
 
     def engram(*args: str) -> str:
         proc = subprocess.run(
-            [sys.executable, "-m", "cli.main", *args, "--database-url", control],
+            [sys.executable, "-m", "cli.commands.main", *args, "--database-url", control],
             capture_output=True,
             text=True,
             timeout=300,

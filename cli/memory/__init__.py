@@ -6,7 +6,8 @@ its parts; hook is the ACP/MCP core fetch; mcp_server and acp_proxy are the serv
 only by their commands (the MCP SDK's import cost is paid by `engram mcp` alone).
 """
 
-from cli.errors import (
+from cli.memory.api import AgentMemory
+from cli.nostr.errors import (
     AgentMemoryError,
     AuthError,
     BadInputError,
@@ -14,7 +15,6 @@ from cli.errors import (
     NotFoundError,
     RelayError,
 )
-from cli.memory.api import AgentMemory
 
 __all__ = [
     "AgentMemory",

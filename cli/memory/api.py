@@ -13,7 +13,7 @@ and let `engram.live` decide what each slug reads as (tombstones, denials, forge
 owner corrections: one rule for every read); relays that are behind, failed or could
 not be paged completely are named in each result's `report` (a `SetReport`). Writes
 publish a new version to every relay and succeed when at least one accepts it. Errors
-are `cli.errors` classes, one per CLI exit code, with a stable `code`.
+are `cli.nostr.errors` classes, one per CLI exit code, with a stable `code`.
 
 Held with the owner's key (`identity.as_owner`), the same class writes owner verdicts:
 `set`/`patch`/`revert` are corrections, `confirm` and `deny` verdicts.
@@ -29,16 +29,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from cli.errors import (
-    AgentMemoryError,
-    AuthError,
-    BadInputError,
-    BaseChangedError,
-    ConflictError,
-    NotFoundError,
-    RefusedError,
-    RelayError,
-)
 from cli.memory.audit import AuditOps
 from cli.memory.base import DEFAULT_TIMEOUT, MemoryBase, MemoryRead
 from cli.memory.heads import HeadChecker
@@ -73,8 +63,18 @@ from cli.memory.results import (
 from cli.memory.search import compile_query, search_views
 from cli.memory.transfer import TransferOps
 from cli.memory.verdicts import VerdictOps
-from cli.relayset import RelaySession
-from cli.timeparse import format_time
+from cli.nostr.errors import (
+    AgentMemoryError,
+    AuthError,
+    BadInputError,
+    BaseChangedError,
+    ConflictError,
+    NotFoundError,
+    RefusedError,
+    RelayError,
+)
+from cli.nostr.relayset import RelaySession
+from cli.nostr.timeparse import format_time
 from engram import CORE_SLUG, EngramError, reachability
 from engram.live import Live, ended, valid_at, write_trust
 from engram.versions import AGENT, Meta, Version, encode_version_body

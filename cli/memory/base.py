@@ -19,8 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from cli.client import is_gated
-from cli.errors import (
+from cli.memory.heads import HeadChecker, as_version, behind, memory_filters
+from cli.memory.replication import reconciled
+from cli.memory.results import SetReport, WriteResult, sha256_hex
+from cli.nostr.client import is_gated
+from cli.nostr.errors import (
     AuthError,
     BadInputError,
     ConflictError,
@@ -28,12 +31,9 @@ from cli.errors import (
     RefusedError,
     RelayError,
 )
-from cli.identity import Identity
-from cli.memory.heads import HeadChecker, as_version, behind, memory_filters
-from cli.memory.replication import reconciled
-from cli.memory.results import SetReport, WriteResult, sha256_hex
-from cli.paging import Fetched, fetch_all
-from cli.relayset import RelaySession, parse_relays
+from cli.nostr.identity import Identity
+from cli.nostr.paging import Fetched, fetch_all
+from cli.nostr.relayset import RelaySession, parse_relays
 from engram import (
     FUTURE_SKEW_MAX,
     KIND_ENGRAM,

@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
-from cli.identity import Identity
 from cli.memory.results import SKIP_REASONS
+from cli.nostr.identity import Identity
 from engram import KIND_ENGRAM, Head, InvalidEngramError, first_valid_heads
 from engram.envelope import open_engram
 from engram.nip01 import Event

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import difflib
 
-from cli.errors import BadInputError, NotFoundError
 from cli.memory.base import MemoryBase, MemoryRead
 from cli.memory.heads import HeadChecker
 from cli.memory.results import Diff, Log, VersionInfo, WriteResult
+from cli.nostr.errors import BadInputError, NotFoundError
 from engram import EngramError
 from engram.live import (
     LIVE,

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cli.identity import Identity
 from cli.memory.api import AgentMemory
+from cli.nostr.identity import Identity
 
 DEFAULT_HOOK_TIMEOUT = 3.0
 CLOSE_GRACE = 0.25  # past the read's own deadline, for closing connections

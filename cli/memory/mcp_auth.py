@@ -22,7 +22,7 @@ from pathlib import Path
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 
-from cli.identity import InputError
+from cli.nostr.identity import InputError
 
 TOKEN_FILE = "mcp-token"
 MIN_LENGTH = 16

@@ -25,7 +25,6 @@ from mcp.server.mcpserver.prompts.base import UserMessage
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import ValidationError
 
-from cli.errors import AgentMemoryError, BadInputError
 from cli.memory.api import AgentMemory, CoreRead, SetReport, WriteResult
 from cli.memory.hook import HEADER, trust_line
 from cli.memory.mcp_auth import StaticToken, auth_settings
@@ -54,7 +53,8 @@ from cli.memory.mcp_text import (
     ValidNowArg,
     ValueArg,
 )
-from cli.timeparse import parse_time
+from cli.nostr.errors import AgentMemoryError, BadInputError
+from cli.nostr.timeparse import parse_time
 from engram import EngramError
 
 T = TypeVar("T")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from cli.errors import BadInputError
+from cli.nostr.errors import BadInputError
 
 _HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _NO_NEWLINE = "\\"  # "\ No newline at end of file" (the text after the backslash varies)

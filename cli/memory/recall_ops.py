@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from cli.errors import BadInputError
 from cli.memory.base import MemoryBase
 from cli.memory.results import Similar
+from cli.nostr.errors import BadInputError
 
 if TYPE_CHECKING:  # numpy and the model load only when recall is used
     from cli.memory.recall import Recall, Recalled

@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cli.client import RelayClient
 from cli.memory.results import RelaySync
-from cli.paging import Fetched, fetch_all
-from cli.peer import Peer, Unsupported
-from cli.reconcile import reconcile_items
-from cli.relayset import RelaySession
+from cli.nostr.client import RelayClient
+from cli.nostr.paging import Fetched, fetch_all
+from cli.nostr.peer import Peer, Unsupported
+from cli.nostr.reconcile import reconcile_items
+from cli.nostr.relayset import RelaySession
 from engram.negentropy import Items
 from engram.nip01 import Event
 from engram.replace import is_superseded

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import regex
 
-from cli.errors import BadInputError
+from cli.nostr.errors import BadInputError
 
 SNIPPET = 80  # characters of context shown around a match
 MATCH_SECONDS = 2.0  # for matching one query against every memory

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import msgspec
 
-from cli.errors import BadInputError
-from cli.files import open_private
 from cli.memory.base import MemoryBase, MemoryRead
 from cli.memory.heads import HeadChecker
 from cli.memory.replication import spread
 from cli.memory.results import ExportReport, ImportReport, MigrateReport, RelaySync, SyncReport
-from cli.peer import Peer
-from cli.relayset import parse_relays
+from cli.nostr.errors import BadInputError
+from cli.nostr.files import open_private
+from cli.nostr.peer import Peer
+from cli.nostr.relayset import parse_relays
 from engram import merge_heads
 from engram.nip01 import Event
 from engram.versions import Version

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 
-from cli.errors import BadInputError, BaseChangedError, NotFoundError
 from cli.memory.base import MemoryBase, MemoryRead
 from cli.memory.heads import HeadChecker
 from cli.memory.results import ForgetReport, WriteResult, sha256_hex
-from cli.relayset import RelaySession
+from cli.nostr.errors import BadInputError, BaseChangedError, NotFoundError
+from cli.nostr.relayset import RelaySession
 from engram import CORE_SLUG, KIND_ENGRAM, KIND_REVISION, KIND_VERDICT
 from engram.chain import audit_slug
 from engram.live import CONFIRMED, DENIED, rejections

@@ -23,17 +23,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import platformdirs
+from relay import dirs
 
 log = logging.getLogger("engram.embedded")
 
-APP_NAME = "engram-relay"
 DEFAULT_DATABASE = "engram"
 _DB_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
 def default_data_dir() -> Path:
-    return Path(platformdirs.user_data_dir(APP_NAME))
+    return dirs.data_dir()
 
 
 def start_server(pgdata: Path, cleanup_mode: str | None = "stop") -> Any:

@@ -29,9 +29,9 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from cli.files import data_dir
 from cli.memory.recall.index import Known, RecallIndex
 from cli.memory.recall.lexical import Terms
+from cli.nostr.files import data_dir
 
 MAGIC = b"engram-recall-cache/3\n"  # 3: slug-and-value vectors, lexical terms, seen events, trust
 KEY_LABEL = b"engram/recall-cache/v1"

@@ -8,7 +8,7 @@ MCP server, the ACP proxy) lives. Each relay is brought up to date by one of:
   `engram mem sync`, a writer whose clock runs behind). The first call of every process,
   where the relay serves it; then every `reconcile_seconds` in the background of a
   long-running process;
-- `since`: REQ paging (`cli.paging`) from a little before the newest event the relay gave
+- `since`: REQ paging (`cli.nostr.paging`) from a little before the newest event the relay gave
   (`slack` on a process's first call, `warm_slack` later): one round trip, what a warm call
   of a long-running process does, and a relay's first call when it does not serve NIP-77;
 - `req`: everything (REQ paging), for a relay new to the cache, and every `full_every`
@@ -25,7 +25,7 @@ the owner's verdicts (kind 4175: denials, corrections, confirmations, forgets; f
 whole on every refresh) go with it through `engram.live`, the rule every read of memory
 goes through, which decides what a slug reads as, and so what is indexed. A whole read is
 indexed page by page as it comes
-(`cli.paging.fetch_all`'s `take`), so a first build of 100,000 memories never holds them
+(`cli.nostr.paging.fetch_all`'s `take`), so a first build of 100,000 memories never holds them
 all at once.
 """
 
@@ -40,19 +40,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from cli.client import RelayClient, connect_relay, fetch_nip11, max_limit_of
-from cli.errors import AuthError, RelayError
-from cli.identity import Identity
 from cli.memory.heads import HeadChecker, as_version, memory_filters
 from cli.memory.recall.cache import CacheFile
 from cli.memory.recall.dense import load
 from cli.memory.recall.index import Hit, Known, RecallIndex
 from cli.memory.recall.settings import SETTINGS, RecallSettings
 from cli.memory.results import SetReport
-from cli.paging import Fetched, fetch_all
-from cli.peer import Peer, Unsupported
-from cli.reconcile import reconcile_items
-from cli.relayset import _reason
+from cli.nostr.client import RelayClient, connect_relay, fetch_nip11, max_limit_of
+from cli.nostr.errors import AuthError, RelayError
+from cli.nostr.identity import Identity
+from cli.nostr.paging import Fetched, fetch_all
+from cli.nostr.peer import Peer, Unsupported
+from cli.nostr.reconcile import reconcile_items
+from cli.nostr.relayset import _reason
 from engram import CORE_SLUG, KIND_ENGRAM, KIND_VERDICT, Head, beats, d_tag
 from engram.live import Live, live_view, valid_at
 from engram.negentropy import Items

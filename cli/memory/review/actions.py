@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cli.errors import (
+from cli.memory.api import AgentMemory, Entry, ForgetReport, WriteResult, sha256_hex
+from cli.memory.review.diffs import normalize_newlines
+from cli.nostr.errors import (
     AgentMemoryError,
     AuthError,
     BadInputError,
@@ -27,8 +29,6 @@ from cli.errors import (
     RefusedError,
     RelayError,
 )
-from cli.memory.api import AgentMemory, Entry, ForgetReport, WriteResult, sha256_hex
-from cli.memory.review.diffs import normalize_newlines
 from engram.versions import OWNER
 
 

@@ -33,7 +33,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from cli.errors import AgentMemoryError, BadInputError, NotFoundError
 from cli.memory.api import AgentMemory, AuditReport, Log, sha256_hex
 from cli.memory.review import actions, listing, timeline, visits
 from cli.memory.review.actions import Outcome
@@ -41,6 +40,7 @@ from cli.memory.review.diffs import diff_lines, normalize_newlines
 from cli.memory.review.graph import layout
 from cli.memory.review.guard import Csrf, FormError, read_form
 from cli.memory.review.snapshot import Snapshot, take
+from cli.nostr.errors import AgentMemoryError, BadInputError, NotFoundError
 from engram import CORE_SLUG
 from engram.live import ended
 from engram.nip19 import npub

@@ -21,7 +21,7 @@ from cli.memory.api import AgentMemory
 from cli.memory.review import visits
 from cli.memory.review.app import Review
 from cli.memory.review.guard import Guard, new_token
-from cli.server import Server
+from relay.server import Server
 
 LOOPBACK = "127.0.0.1"
 

@@ -14,8 +14,8 @@ import asyncio
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from cli.errors import AgentMemoryError
 from cli.memory.api import AgentMemory, SetReport
+from cli.nostr.errors import AgentMemoryError
 from engram import CORE_SLUG, d_tag, extract_refs, reachability
 from engram.chain import Finding
 from engram.live import DENIED, LIVE

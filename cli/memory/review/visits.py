@@ -18,8 +18,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli.files import data_dir, open_private
 from cli.memory.review.snapshot import Row, Snapshot
+from cli.nostr.files import data_dir, open_private
 
 MARK_VERSION = 1
 

@@ -9,7 +9,7 @@ events share one second than fit in a page; those are reported, never hidden, an
 loop. A relay that keeps inventing new events is cut off after `MAX_PAGES` pages.
 
 `fetch_all` is the one paging routine: agent-memory reads, `engram mem sync|migrate`
-and `engram sync` (`cli.peer.Peer.page`) all page through it.
+and `engram sync` (`cli.nostr.peer.Peer.page`) all page through it.
 """
 
 from __future__ import annotations

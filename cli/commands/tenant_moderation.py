@@ -2,7 +2,7 @@
 the same state the NIP-86 management API reads and writes (relay.store.moderation).
 
 HOST is a tenant's host, or `default` for a relay without tenants. The commands are
-merged into `engram tenant` (cli.tenant), which prints a refused request's message.
+merged into `engram tenant` (cli.commands.tenant), which prints a refused request's message.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from cli import tenantadmin as admin
-from cli.common import DatabaseOpt, DataDirOpt, settings_or_exit
+from cli.commands import tenantadmin as admin
+from cli.commands.common import DatabaseOpt, DataDirOpt, settings_or_exit
 
 moderation_app = typer.Typer()
 

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 import typer
 
-from cli.common import ConfigOpt, settings_or_exit
+from cli.commands.common import ConfigOpt, settings_or_exit
 
 config_app = typer.Typer(help="Relay configuration.", no_args_is_help=True)
 

@@ -14,8 +14,8 @@ from typing import Annotated
 
 import typer
 
-from cli.errors import AgentMemoryError
-from cli.mem import Agent, KeyFile, Owner, Relay, Timeout, fail, memory
+from cli.commands.mem_common import Agent, KeyFile, Owner, Relay, Timeout, fail, memory
+from cli.nostr.errors import AgentMemoryError
 
 DEFAULT_IDLE = 3600.0
 REVIEW_TIMEOUT = 60.0  # a page reads the whole memory: as `engram mem ls`

@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from cli.identity import InputError, load_identity, relay_urls
 from cli.memory.acp_proxy import (
     ENV_NO_MEMORY,
     STREAM_LIMIT,
@@ -20,6 +19,7 @@ from cli.memory.acp_proxy import (
 )
 from cli.memory.api import AgentMemory
 from cli.memory.hook import DEFAULT_HOOK_TIMEOUT, RecallHook, fetch_core
+from cli.nostr.identity import InputError, load_identity, relay_urls
 
 
 def _hook(

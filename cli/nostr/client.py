@@ -29,7 +29,7 @@ import msgspec
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
-from cli.errors import AuthError, RelayError
+from cli.nostr.errors import AuthError, RelayError
 from engram.nip01 import Event
 from engram.nip42 import auth_event
 

@@ -14,13 +14,13 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.identity import InputError, load_identity, relay_urls
-from cli.mem import DEFAULT_TIMEOUT
-from cli.mem import Agent as AgentOpt
-from cli.mem import KeyFile as KeyFileOpt
-from cli.mem import Owner as OwnerOpt
-from cli.mem import Relay as RelayOpt
-from cli.mem import Timeout as TimeoutOpt
+from cli.commands.mem_common import DEFAULT_TIMEOUT
+from cli.commands.mem_common import Agent as AgentOpt
+from cli.commands.mem_common import KeyFile as KeyFileOpt
+from cli.commands.mem_common import Owner as OwnerOpt
+from cli.commands.mem_common import Relay as RelayOpt
+from cli.commands.mem_common import Timeout as TimeoutOpt
+from cli.nostr.identity import InputError, load_identity, relay_urls
 
 DEFAULT_HTTP_HOST = "127.0.0.1"
 MCP_PATH = "/mcp"

@@ -76,7 +76,7 @@ class _Copy:
     counted in one `ImportSummary`."""
 
     def __init__(self, settings: Settings, store: Any, cfg: Any, src: Any, host: str) -> None:
-        from cli.data import ImportSummary
+        from cli.commands.data import ImportSummary
         from relay.pipeline import Relay
         from relay.tenants import TenantRegistry, build_tenant
 
@@ -89,7 +89,7 @@ class _Copy:
     async def __call__(self, raws: AsyncIterator[bytes] | list[bytes], strict: bool = True) -> int:
         """Import; before the switch a database error aborts the move (nothing changed
         yet), after it the copy goes on and the errors are reported."""
-        from cli.data import import_lines
+        from cli.commands.data import import_lines
         from relay.store import StoreError
 
         summary = self.summary

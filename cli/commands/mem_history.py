@@ -2,7 +2,7 @@
 forgetting, and the owner's verdicts (docs/NIP-AE-HISTORY.md).
 
 Thin commands over `AgentMemory` (cli.memory.history, audit, verdicts), registered on
-`cli.mem.mem_app`, with its options, error handling and exit codes (plus 6: the audit
+`cli.commands.mem.mem_app`, with its options, error handling and exit codes (plus 6: the audit
 found a problem).
 """
 
@@ -14,13 +14,13 @@ from typing import Annotated, Any
 import msgspec
 import typer
 
-from cli.mem import (
+from cli.commands.mem_common import (
     DEFAULT_TIMEOUT as DEFAULT,
 )
-from cli.mem import (
+from cli.commands.mem_common import (
     LIST_TIMEOUT as LONG,
 )
-from cli.mem import (
+from cli.commands.mem_common import (
     Agent,
     Force,
     JsonFlag,
@@ -31,17 +31,17 @@ from cli.mem import (
     SourceOpt,
     Timeout,
     TrustOpt,
-    _slug,
-    _write_stdout,
-    _written,
     fail,
     mem_app,
     memory,
+    parse_slug,
+    print_written,
     report,
     run,
     trust_col,
     validity_col,
     warn,
+    write_stdout,
 )
 
 AUDIT_EXIT = 6  # the audit found a problem
@@ -69,7 +69,7 @@ def log(
     listed by hash, never shown). `--json`: id, created_at, author, role, trust, source,
     valid_from, valid_until, value_sha256 (and prev, state, reason, plain) per version.
     """
-    history = run(memory(relay, owner, key_file, agent, timeout).log(_slug(slug)))
+    history = run(memory(relay, owner, key_file, agent, timeout).log(parse_slug(slug)))
     report(history.report, json_out)
     if json_out:
         typer.echo(msgspec.json.encode(history.versions).decode())
@@ -98,9 +98,9 @@ def diff(
 
     No REV: the previous version to the newest; REV1: it to the newest; REV1 REV2: the
     two. A removal diffs as the empty text."""
-    result = run(memory(relay, owner, key_file, agent, timeout).diff(_slug(slug), rev1, rev2))
+    result = run(memory(relay, owner, key_file, agent, timeout).diff(parse_slug(slug), rev1, rev2))
     report(result.report)
-    _write_stdout(result.text)
+    write_stdout(result.text)
 
 
 @mem_app.command()
@@ -124,7 +124,7 @@ def revert(
     Prints the new version's id; the refusals of `set` apply. With --agent (owner key):
     a correction."""
     mem = memory(relay, owner, key_file, agent, timeout)
-    _written(run(mem.revert(_slug(slug), rev, force=force, trust=trust, source=source)))
+    print_written(run(mem.revert(parse_slug(slug), rev, force=force, trust=trust, source=source)))
 
 
 @mem_app.command()
@@ -144,7 +144,7 @@ def audit(
     versions still served. One line per finding: kind, slug, version, relay, detail.
     Exit 0 when clean, 6 when it finds a problem, 2 if a relay could not be audited."""
     mem = memory(relay, owner, key_file, agent, timeout)
-    result = run(mem.audit(_slug(slug) if slug is not None else None))
+    result = run(mem.audit(parse_slug(slug) if slug is not None else None))
     report(result.report, json_out, drop_sync_hint=True)
     if json_out:
         findings = [f._asdict() for f in result.findings]
@@ -186,8 +186,8 @@ def forget(
     then checked. Prints the forget's id; exit 2 naming each relay that still serves a
     forgotten version."""
     mem = memory(relay, owner, key_file, agent, timeout)
-    result = run(mem.forget(_slug(slug), reason=reason))
-    _written(result.forget)
+    result = run(mem.forget(parse_slug(slug), reason=reason))
+    print_written(result.forget)
     if not result.ok:
         for url, ids in result.still_serving.items():
             if ids:
@@ -214,7 +214,7 @@ def confirm(
 ) -> None:
     """Owner verdict (owner key): confirm the memory's value. Prints the verdict's id."""
     mem = memory(relay, owner, key_file, agent, timeout)
-    _written(run(mem.confirm(_slug(slug), source=source)))
+    print_written(run(mem.confirm(parse_slug(slug), source=source)))
 
 
 @mem_app.command()
@@ -232,4 +232,4 @@ def deny(
     It then reads as absent, and the agent can never write that value again (the owner
     can, by correcting to it). Prints the verdict's id."""
     mem = memory(relay, owner, key_file, agent, timeout)
-    _written(run(mem.deny(_slug(slug), reason=reason)))
+    print_written(run(mem.deny(parse_slug(slug), reason=reason)))

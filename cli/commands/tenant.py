@@ -6,8 +6,8 @@ pick them up within seconds. A tenant's events may live on a database of their o
 (`--tenant-database-url`). The two are easy to mix up, so every change says which
 database it was written to, and warns when no relay is connected to that database.
 
-The commands are thin: what they do is `cli.tenantadmin`; the moderation commands are
-`cli.tenant_moderation`. A `TenantError` from either ends the command here, once.
+The commands are thin: what they do is `cli.commands.tenantadmin`; the moderation commands are
+`cli.commands.tenant_moderation`. A `TenantError` from either ends the command here, once.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Annotated, Any, TypeVar
 import typer
 from typer.core import TyperGroup
 
-from cli import tenantadmin as admin
-from cli.common import DatabaseOpt, DataDirOpt, settings_or_exit
-from cli.tenant_moderation import moderation_app
+from cli.commands import tenantadmin as admin
+from cli.commands.common import DatabaseOpt, DataDirOpt, settings_or_exit
+from cli.commands.tenant_moderation import moderation_app
 from relay.config import Settings
 from relay.tenants import TenantConfig
 
@@ -102,7 +102,7 @@ def _change(
 ) -> T:
     """Run one change; print what it did and the database it was written to, and warn
     when no relay is connected to that database (the change is then served by nobody)."""
-    from cli.ops import mask_url
+    from cli.commands.ops import mask_url
 
     result, url, served = admin.session(_settings(database_url, data_dir), action, True)
     where = mask_url(url)

@@ -1,6 +1,6 @@
-"""`engram sync`: the command over `cli.reconcile` (options, progress bar, summary, exit
-codes). The library (peers, reconciliation, copying) lives in `cli.peer` and
-`cli.reconcile`; its names are re-exported here for existing callers."""
+"""`engram sync`: the command over `cli.nostr.reconcile` (options, progress bar, summary, exit
+codes). The library (peers, reconciliation, copying) lives in `cli.nostr.peer` and
+`cli.nostr.reconcile`; its names are re-exported here for existing callers."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import Annotated
 import msgspec
 import typer
 
-from cli.errors import AuthError, BadInputError, RelayError
-from cli.identity import ENV_KEY, read_secret_key
-from cli.reconcile import (
+from cli.nostr.errors import AuthError, BadInputError, RelayError
+from cli.nostr.identity import ENV_KEY, read_secret_key
+from cli.nostr.reconcile import (
     DEFAULT_STEP_TIMEOUT,
     DEFAULT_TIMEOUT,
     DIRECTIONS,

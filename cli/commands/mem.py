@@ -1,235 +1,56 @@
-"""`engram mem …`: read and write agent memory (engrams) on a relay set.
-
-The command layer only: options, input caps, output formats and the exit-code contract
-(0 ok, 1 bad input, not found or refused, 2 relay/network/timeout, 3 authentication,
-4 other, 5 conflict, 6 the audit found a problem). Every operation is a call to
-`cli.memory.api.AgentMemory`; its errors carry their exit code. Nothing here prints a
-key; decrypted text goes only to stdout of `get`, `search` (snippets), `diff` and `patch
---dry-run`. History, audit and owner verdicts are in `cli.mem_history`.
+"""`engram mem get|set|hash|patch|ls|rm|refs|search|recall|sync|migrate|export|import`:
+read and write agent memory (engrams) on a relay set. The group, its options and the
+exit-code contract are `cli.commands.mem_common`; history, audit and owner verdicts are
+`cli.commands.mem_history`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any
 
 import msgspec
 import typer
-from typer.core import TyperGroup
 
-from cli.errors import AgentMemoryError, BadInputError, ConflictError
-from cli.identity import load_identity, relay_urls
-from cli.memory.api import AgentMemory, RelaySync, SetReport
-from cli.timeparse import format_time, parse_time
-from engram import CORE_SLUG, EngramError
-
-T = TypeVar("T")
-STDIN_CAP = 65_535  # the NIP-44 plaintext limit: no value can be longer than this
-PATCH_CAP = 1 << 20
-DEFAULT_TIMEOUT = 10.0
-LIST_TIMEOUT = 60.0  # ls, refs, search: a complete listing may take many pages per relay
-InputError = BadInputError
-
-
-def fail(message: str, code: int) -> NoReturn:
-    """Errors are exactly one line on stderr, then the exit code."""
-    line = " ".join(message.split()) or "error"
-    typer.echo(f"engram: {line}", err=True)
-    raise typer.Exit(code)
-
-
-def warn(message: str) -> None:
-    typer.echo(f"engram: warning: {' '.join(message.split())}", err=True)
-
-
-# typer exports BadParameter but not its base, UsageError (click's, or typer's vendored copy).
-UsageError: type[Exception] = typer.BadParameter.__mro__[1]
-
-
-class MemGroup(TyperGroup):
-    """Maps exceptions to the exit-code contract in one place, usage errors included.
-
-    click would exit 2 on a usage error and print a multi-line panel; here bad input is
-    exit 1 and one line, so 2 keeps meaning "the relay or the network failed".
-    """
-
-    def invoke(self, ctx: Any) -> Any:
-        try:
-            return super().invoke(ctx)
-        except (typer.Exit, typer.Abort, BrokenPipeError):
-            raise  # typer's own handling: exit codes, and a quiet exit when stdout is closed
-        except UsageError as exc:
-            fail(exc.format_message(), 1)  # type: ignore[attr-defined]
-        except Exception as exc:
-            if isinstance(exc, TimeoutError):  # from asyncio.timeout: its message is empty
-                fail("timed out waiting for the relay", 2)
-            if isinstance(exc, AgentMemoryError):
-                text = f"conflict: {exc}" if isinstance(exc, ConflictError) else str(exc)
-                fail(text, exc.exit_code)
-            if isinstance(exc, EngramError):  # invalid slug, body too large: the user's input
-                fail(str(exc), 1)
-            fail(f"unexpected error: {type(exc).__name__}: {exc}", 4)
-
-
-mem_app = typer.Typer(
-    cls=MemGroup,
-    help="Read and write agent memory (NIP-AE engrams) on one relay or a set of relays.",
-    no_args_is_help=True,
+from cli.commands.mem_common import (
+    DEFAULT_TIMEOUT,
+    LIST_TIMEOUT,
+    PATCH_CAP,
+    STDIN_CAP,
+    Agent,
+    Correct,
+    Force,
+    InputError,
+    JsonFlag,
+    KeyFile,
+    Owner,
+    Relay,
+    SlugArg,
+    SourceOpt,
+    Timeout,
+    TrustOpt,
+    ValidFrom,
+    ValidNow,
+    ValidUntil,
+    fail,
+    mem_app,
+    memory,
+    parse_slug,
+    print_written,
+    read_capped,
+    report,
+    run,
+    then_close,
+    trust_col,
+    validity_col,
+    warn,
+    when,
+    write_stdout,
 )
-
-Relay = Annotated[
-    str | None,
-    typer.Option(
-        "--relay",
-        help="Relay URL, or several separated by commas (env ENGRAM_RELAY; "
-        "default ws://127.0.0.1:7777).",
-    ),
-]
-Owner = Annotated[
-    str | None, typer.Option("--owner", help="Owner public key, hex or npub (env ENGRAM_OWNER).")
-]
-KeyFile = Annotated[
-    Path | None,
-    typer.Option("--key-file", help="File holding the secret key (else env ENGRAM_PRIVATE_KEY)."),
-]
-Agent = Annotated[
-    str | None,
-    typer.Option(
-        "--agent",
-        help="Owner-side read: the key held is the owner's; read this agent's memory.",
-    ),
-]
-Timeout = Annotated[
-    float, typer.Option("--timeout", min=0.1, help="Seconds before giving up on the relays.")
-]
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of text lines.")]
-SlugArg = Annotated[str, typer.Argument(help="Slug, e.g. notes/x (mem/ is added) or core.")]
-Correct = Annotated[
-    str | None,
-    typer.Option(
-        "--agent",
-        help="Owner correction: the key held is the owner's; write to this agent's memory.",
-    ),
-]
-TrustOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--trust",
-        help="guess (the agent inferred it; the default) or stated (the user said so). "
-        "The owner's values are always confirmed.",
-    ),
-]
-SourceOpt = Annotated[
-    str | None, typer.Option("--source", help="Where it came from: a session, a tool, a URL.")
-]
-ValidFrom = Annotated[
-    str | None,
-    typer.Option("--valid-from", metavar="TIME", help="The fact holds from TIME (unix s or ISO)."),
-]
-ValidUntil = Annotated[
-    str | None,
-    typer.Option("--valid-until", metavar="TIME", help="The fact holds until TIME (excluded)."),
-]
-Force = Annotated[
-    bool,
-    typer.Option(
-        "--force",
-        help="Write a value a tombstone rejected, or over the owner's correction "
-        "(never a value the owner denied).",
-    ),
-]
-ValidNow = Annotated[
-    bool, typer.Option("--valid-now", help="Hide facts not valid now (ended or not yet begun).")
-]
-
-
-def when(text: str | None, option: str) -> int | None:
-    """A TIME option: unix seconds or ISO 8601 (UTC where no zone is given)."""
-    if text is None:
-        return None
-    try:
-        return parse_time(text)
-    except ValueError:
-        raise InputError(f"{option}: not unix seconds or an ISO 8601 time: {text!r}") from None
-
-
-def trust_col(trust: str | None) -> str:
-    return trust or "-"
-
-
-def validity_col(valid_from: int | None, valid_until: int | None, ended: bool) -> str:
-    """`-`, or `ended <until>` (marked, not hidden), or the window when one is set."""
-    if ended and valid_until is not None:
-        return f"ended {format_time(valid_until)}"
-    parts = []
-    if valid_from is not None:
-        parts.append(f"from {format_time(valid_from)}")
-    if valid_until is not None:
-        parts.append(f"until {format_time(valid_until)}")
-    return " ".join(parts) or "-"
-
-
-def memory(
-    relay: str | None,
-    owner: str | None,
-    key_file: Path | None,
-    agent: str | None,
-    timeout: float,
-    one_shot: bool = True,
-) -> AgentMemory:
-    """The memory the flags name; `one_shot`: a command's run (a long-running server such
-    as `engram review` keeps its recall index current in the background instead)."""
-    return AgentMemory(
-        load_identity(key_file, owner, agent), relay_urls(relay), timeout=timeout, one_shot=one_shot
-    )
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
-
-
-async def _then_close(mem: AgentMemory, coro: Coroutine[Any, Any, T]) -> T:
-    try:
-        return await coro
-    finally:
-        await mem.close()
-
-
-def report(rep: SetReport, as_json: bool = False, drop_sync_hint: bool = False) -> None:
-    """Everything the user should know about the relays, on stderr: warning lines, or with
-    `--json` one JSON object (`{"report": {"failed", "behind", "incomplete", "skipped", …}}`)
-    when there is anything to say."""
-    lines = [w for w in rep.warnings() if not (drop_sync_hint and "engram mem sync" in w)]
-    if as_json:
-        if lines:
-            typer.echo(json.dumps({"report": rep.as_json()}), err=True)
-        return
-    for line in lines:
-        warn(line)
-
-
-def _write_stdout(text: str) -> None:
-    sys.stdout.buffer.write(text.encode("utf-8"))
-    sys.stdout.buffer.flush()
-
-
-def read_capped(stream: Any, cap: int, what: str) -> str:
-    """Read at most `cap` bytes of UTF-8; more is an error, never a silent truncation."""
-    data = stream.read(cap + 1)
-    if len(data) > cap:
-        raise InputError(f"{what} is larger than {cap:,} bytes; nothing was written")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{what} is not valid UTF-8") from exc
-
-
-def _slug(raw: str) -> str:
-    return AgentMemory.slug(raw)
+from cli.memory.api import RelaySync, SetReport
+from engram import CORE_SLUG
 
 
 @mem_app.command()
@@ -260,7 +81,7 @@ def get(
     source, valid_from, valid_until, ended, value_sha256. A fact whose validity has ended
     is still printed (exit 0); `--valid-at` outside its window is exit 1.
     """
-    slug = _slug(slug)
+    slug = parse_slug(slug)
     at, valid = when(as_of, "--as-of"), when(valid_at, "--valid-at")
     mem = memory(relay, owner, key_file, agent, timeout)
     entry = run(mem.get(slug, as_of=at, rev=rev, valid_at=valid))
@@ -268,17 +89,7 @@ def get(
     if json_out:
         typer.echo(json.dumps(entry.as_json(), ensure_ascii=False))
         return
-    _write_stdout(entry.value)
-
-
-def _written(result: Any) -> None:
-    for url, reason in result.refused.items():
-        warn(f"{url}: {reason}")
-    rep: SetReport = result.report
-    for line in rep.warnings():
-        if not any(line.startswith(f"{url}: ") for url in result.refused):
-            warn(line)
-    typer.echo(result.event_id)
+    write_stdout(entry.value)
 
 
 @mem_app.command("set")
@@ -306,7 +117,7 @@ def set_(
     over. A value a tombstone rejected is refused (exit 1) unless --force; a value the
     owner denied is always refused for the agent.
     """
-    slug = _slug(slug)
+    slug = parse_slug(slug)
     if value == "-":
         value = read_capped(sys.stdin.buffer, STDIN_CAP, "stdin")
         if not value and not allow_empty:
@@ -325,8 +136,8 @@ def set_(
         valid_until=window[1],
         force=force,
     )
-    result = run(_then_close(mem, write))
-    _written(result)
+    result = run(then_close(mem, write))
+    print_written(result)
     for near in result.similar:  # write-time hints: stderr, so stdout stays the event id
         warn(
             f"similar memory: {near.slug} ({near.score:.2f}); patch or merge it rather "
@@ -344,7 +155,7 @@ def hash_(
     timeout: Timeout = DEFAULT_TIMEOUT,
 ) -> None:
     """Print the sha256 (hex) of the current value's bytes: the base for `patch`."""
-    slug = _slug(slug)
+    slug = parse_slug(slug)
     entry = run(memory(relay, owner, key_file, agent, timeout).get(slug))
     report(entry.report)
     typer.echo(entry.sha256)
@@ -381,7 +192,7 @@ def patch(
     carry over unless given; the refusals of `set` apply. With --agent (owner key): a
     correction.
     """
-    slug = _slug(slug)
+    slug = parse_slug(slug)
     if (base_hash is None) == (not no_base_hash):
         raise InputError("pass exactly one of --base-hash HEX and --no-base-hash")
     expected = base_hash.lower() if base_hash else None
@@ -411,10 +222,10 @@ def patch(
     )
     if dry_run:
         report(result.report)
-        _write_stdout(result.value or "")
+        write_stdout(result.value or "")
         typer.echo(f"sha256 {result.sha256} (dry run: nothing published)", err=True)
     else:
-        _written(result)
+        print_written(result)
 
 
 @mem_app.command()
@@ -466,10 +277,10 @@ def rm(
     The tombstone records the reason and the sha256 of the removed value (not the
     value): a later `set` or `patch` to that value is refused unless --force.
     """
-    slug = _slug(slug)
+    slug = parse_slug(slug)
     if slug == CORE_SLUG:
         raise InputError("core cannot be removed; to clear it run: engram mem set core ''")
-    _written(
+    print_written(
         run(memory(relay, owner, key_file, None, timeout).rm(slug, reason=reason, force=force))
     )
 
@@ -594,7 +405,7 @@ def recall(
     from cli.memory.recall.present import hit_json, hit_line
 
     mem = memory(relay, owner, key_file, agent, timeout)
-    found = run(_then_close(mem, mem.recall(query, limit, valid_now=valid_now)))
+    found = run(then_close(mem, mem.recall(query, limit, valid_now=valid_now)))
     report(found.report, json_out)
     if json_out:
         typer.echo(json.dumps([hit_json(h, query) for h in found.hits], ensure_ascii=False))
@@ -705,7 +516,3 @@ def import_(
     )
     if any(r.error is not None or r.refused for r in result.relays.values()):
         raise typer.Exit(2)
-
-
-# History, audit, forget and owner verdicts register on mem_app there.
-import cli.mem_history  # noqa: E402, F401

@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from cli.client import RelayClient, connect_relay, fetch_nip11, max_limit_of
-from cli.errors import AuthError, BadInputError, RelayError
+from cli.nostr.client import RelayClient, connect_relay, fetch_nip11, max_limit_of
+from cli.nostr.errors import AuthError, BadInputError, RelayError
 
 T = TypeVar("T")
 CLOSE_WAIT = 2.0  # seconds to wait for close handshakes, within the operation's deadline

@@ -4,7 +4,7 @@ session on the relay's database, and each change as an action run in it.
 Tenants, members, admins and moderation live in the relay's own database (the one
 `--database-url` names: where tenants are configured); a tenant's events may live on a
 database of its own. Every failure is a `TenantError` carrying the CLI's exit code (1:
-bad input or refused, 2: the database); `cli.tenant` prints it.
+bad input or refused, 2: the database); `cli.commands.tenant` prints it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from relay.hosts import host_of
 from relay.tenants import WRITE_POLICIES, TenantConfig, check_identity, merged_limits
 
 if TYPE_CHECKING:
-    from cli.move import MoveReport
+    from cli.commands.move import MoveReport
     from relay.config import Settings
 
 T = TypeVar("T")
@@ -140,7 +140,7 @@ def session(
 ) -> tuple[T, str, bool]:
     """(the action's result, the database URL, whether another session is connected to
     it: checked only with `check_served`, else True)."""
-    from cli.common import resolve_database_url
+    from cli.commands.common import resolve_database_url
     from relay.store import StoreError
     from relay.store.tenants import run_admin
 
@@ -191,10 +191,10 @@ def move(
     say: Callable[[str], None],
 ) -> MoveReport:
     """Move the tenant's events to the database `to` (or `default`) while relays keep
-    serving it (cli.move); late writes are carried over for `grace` seconds (default:
+    serving it (cli.commands.move); late writes are carried over for `grace` seconds (default:
     3 x tenant_refresh_seconds, at least 10)."""
-    from cli.common import resolve_database_url
-    from cli.move import move_tenant
+    from cli.commands.common import resolve_database_url
+    from cli.commands.move import move_tenant
     from relay.store import StoreError
 
     url, _embedded = resolve_database_url(settings)
@@ -207,7 +207,7 @@ def move(
 
 def tenant_json(cfg: TenantConfig) -> str:
     """Everything stored about a tenant, its database URL's password masked."""
-    from cli.ops import mask_url
+    from cli.commands.ops import mask_url
 
     data = msgspec.to_builtins(cfg)
     if data.get("database_url"):

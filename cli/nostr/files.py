@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 from typing import IO
 
-APP_NAME = "engram-relay"  # the data directory `engram serve`'s embedded PostgreSQL uses too
+from relay import dirs
 
 
 def data_dir(sub: str) -> Path:
-    """`sub` under the user's data directory (`~/.local/share/engram-relay/SUB` on Linux);
-    not created here."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        import platformdirs
-
-        return Path(platformdirs.user_data_dir(APP_NAME)) / sub
+    """`sub` under the user's data directory (`relay.dirs`, shared with `engram serve`'s
+    embedded PostgreSQL): `~/.local/share/engram-relay/SUB` on Linux; not created here."""
+    return dirs.data_dir() / sub
 
 
 def open_private(path: str | os.PathLike[str]) -> IO[bytes]:

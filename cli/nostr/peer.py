@@ -17,9 +17,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from cli.client import RelayClient, limitation
-from cli.errors import RelayError
-from cli.paging import Fetched, fetch_all
+from cli.nostr.client import RelayClient, limitation
+from cli.nostr.errors import RelayError
+from cli.nostr.paging import Fetched, fetch_all
 from engram.negentropy import MIN_FRAME_SIZE, PROTOCOL_VERSION, Items
 from engram.nip01 import Event
 
@@ -192,7 +192,7 @@ class Peer:
         return await self.step("a REQ (no EOSE)", self.client.query(flt))
 
     async def page_items(self, flt: dict[str, Any], progress: Progress = quiet) -> Items:
-        """Every (created_at, id) matching `flt` by REQ pages (`cli.paging.fetch_all`);
+        """Every (created_at, id) matching `flt` by REQ pages (`cli.nostr.paging.fetch_all`);
         why the listing may be partial, if it may, is left in `incomplete`."""
         fetched = await self.page(flt, progress)
         pairs = ((e.created_at, bytes.fromhex(i)) for i, e in fetched.events.items())

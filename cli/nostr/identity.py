@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from cli.errors import BadInputError
+from cli.nostr.errors import BadInputError
 from engram.errors import KeyFormatError
 from engram.nip01 import parse_public_key, parse_secret_key, pubkey_of
 from engram.nip44 import conversation_key
@@ -116,7 +116,7 @@ def relay_url(value: str | None, env: dict[str, str] | None = None) -> str:
 def relay_urls(value: str | None, env: dict[str, str] | None = None) -> list[str]:
     """`--relay`, else `ENGRAM_RELAY`, else the local default: one URL or a comma-separated
     relay set, each ws:// or wss://."""
-    from cli.relayset import parse_relays
+    from cli.nostr.relayset import parse_relays
 
     env = os.environ if env is None else env
     return parse_relays(value or env.get(ENV_RELAY) or DEFAULT_RELAY)

@@ -23,9 +23,15 @@ from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.common import ConfigOpt, DatabaseOpt, DataDirOpt, resolve_database_url, settings_or_exit
-from cli.files import open_private
-from cli.timeparse import parse_time
+from cli.commands.common import (
+    ConfigOpt,
+    DatabaseOpt,
+    DataDirOpt,
+    resolve_database_url,
+    settings_or_exit,
+)
+from cli.nostr.files import open_private
+from cli.nostr.timeparse import parse_time
 from engram.kinds import KIND_DELETION
 from relay.store import DEFAULT_TENANT
 

@@ -4,7 +4,7 @@ Reconciliation is NIP-77 negentropy where both relays serve it: this client hold
 neither set and relays each relay's answers to the other (`engram.negentropy.Bridge`),
 so only fingerprints and the differing ids cross the network. A relay that does not
 serve it (it answers NEG-ERR, a NOTICE, or nothing in time) is paged with REQ instead
-(`cli.paging.fetch_all`), and the other side, if it serves negentropy, is reconciled
+(`cli.nostr.paging.fetch_all`), and the other side, if it serves negentropy, is reconciled
 against that list.
 
 Events are copied exactly as stored and signed (fetched by id, published unchanged);
@@ -12,7 +12,7 @@ publishing an event twice is harmless, so running sync again only confirms. AUTH
 (NIP-42) is answered when a relay asks for it, with the key given, if any.
 
 Bounded in time: the run has one deadline (`timeout`), each step its own
-(`step_timeout`, see `cli.peer`), and negentropy at most `MAX_ROUNDS` rounds. A relay
+(`step_timeout`, see `cli.nostr.peer`), and negentropy at most `MAX_ROUNDS` rounds. A relay
 that stalls is named in a `Stalled` error; a run stopped part-way says what it had
 copied and that it is not complete.
 
@@ -27,9 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cli.client import RelayError, fetch_nip11, open_relay
-from cli.errors import BadInputError
-from cli.peer import FETCH_CHUNK, Peer, Progress, Stalled, Unsupported, quiet
+from cli.nostr.client import RelayError, fetch_nip11, open_relay
+from cli.nostr.errors import BadInputError
+from cli.nostr.peer import FETCH_CHUNK, Peer, Progress, Stalled, Unsupported, quiet
 from engram.negentropy import Bridge, Items, Negentropy, NegentropyError
 
 DIRECTIONS = ("up", "down", "both")

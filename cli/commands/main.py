@@ -9,15 +9,21 @@ from typing import Annotated
 
 import typer
 
-from cli import data
-from cli.acp import ACP_CONTEXT_SETTINGS, acp_command
-from cli.common import ConfigOpt, DatabaseOpt, DataDirOpt, resolve_database_url, settings_or_exit
-from cli.mcp import mcp_command
-from cli.mem import mem_app
-from cli.ops import config_app, keygen
-from cli.review import review_command
-from cli.sync import sync_command
-from cli.tenant import tenant_app
+from cli.commands import data, mem, mem_history  # noqa: F401  (their commands register on mem_app)
+from cli.commands.acp import ACP_CONTEXT_SETTINGS, acp_command
+from cli.commands.common import (
+    ConfigOpt,
+    DatabaseOpt,
+    DataDirOpt,
+    resolve_database_url,
+    settings_or_exit,
+)
+from cli.commands.mcp import mcp_command
+from cli.commands.mem_common import mem_app
+from cli.commands.ops import config_app, keygen
+from cli.commands.review import review_command
+from cli.commands.sync import sync_command
+from cli.commands.tenant import tenant_app
 
 app = typer.Typer(
     name="engram",
@@ -72,9 +78,9 @@ def serve(
     ] = None,
 ) -> None:
     """Run the relay (uvicorn + uvloop) on PostgreSQL; embedded PostgreSQL if no URL is set."""
-    from cli.server import BindError, bind_listener, run_one, run_workers, uvicorn_options
     from relay.identity import listen_urls, parse_public_urls, startup_note
     from relay.logs import setup_logging
+    from relay.server import BindError, bind_listener, run_one, run_workers, uvicorn_options
 
     settings = settings_or_exit(
         config_file=config,
@@ -144,7 +150,7 @@ def bench(ctx: typer.Context) -> None:
 @app.command()
 def migrate(database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
     """Apply pending migrations, on tenant databases too (the relay also does this)."""
-    from cli.ops import mask_url
+    from cli.commands.ops import mask_url
     from relay.store.tenants import migrate_everywhere
 
     settings = settings_or_exit(database_url=database_url, data_dir=data_dir)
