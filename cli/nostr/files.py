@@ -6,13 +6,13 @@ import os
 from pathlib import Path
 from typing import IO
 
-from relay import dirs
+from relay.dirs import data_dir as user_data_dir
 
 
 def data_dir(sub: str) -> Path:
     """`sub` under the user's data directory (`relay.dirs`, shared with `engram serve`'s
     embedded PostgreSQL): `~/.local/share/engram-relay/SUB` on Linux; not created here."""
-    return dirs.data_dir() / sub
+    return user_data_dir() / sub
 
 
 def open_private(path: str | os.PathLike[str]) -> IO[bytes]:
