@@ -26,6 +26,7 @@ PROTOCOL_VERSION = 0x61
 ID_SIZE = 32
 FINGERPRINT_SIZE = 16
 INFINITY = 2**64 - 1  # the reserved "infinity" timestamp
+ITEM_BYTES = ID_SIZE + 8  # what one item of `Items` holds: its id and its 64-bit timestamp
 BUCKETS = 16  # a differing range is split into this many fingerprinted buckets...
 ID_LIST_BELOW = BUCKETS * 2  # ...unless it holds fewer items: then its ids are listed
 MIN_FRAME_SIZE = 4096
@@ -143,7 +144,7 @@ def id_sum(blob: bytes | memoryview) -> int:
 class Items:
     """A sorted set of (timestamp, id): timestamps in an array, ids in one bytes blob.
 
-    About 40 bytes per item: the whole per-session state of a responder.
+    ITEM_BYTES (40) per item: the whole per-session state of a responder.
     """
 
     __slots__ = ("ids", "timestamps")

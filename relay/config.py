@@ -17,8 +17,10 @@ import msgspec
 from engram import KIND_ENGRAM as KIND_ENGRAM  # re-exported: relay code imports it here
 from engram import MEMORY_KINDS as MEMORY_KINDS  # engrams and their history (engram.versions)
 from engram.errors import KeyFormatError
+from engram.negentropy import ITEM_BYTES
 from engram.nip01 import parse_public_key
 from engram.nip42 import KIND_AUTH as KIND_AUTH  # re-exported, as KIND_ENGRAM
+from engram.urls import RelayUrl, parse_relay_url
 from relay.durations import parse_duration
 from relay.ratelimit import RateLimits
 
@@ -34,6 +36,24 @@ def private_set(kinds: typing.Iterable[int]) -> frozenset[int]:
 
 DEFAULT_PRIVATE = private_set(PRIVATE_KINDS)  # a tenant's, unless configured
 ENV_PREFIX = "ENGRAM_"
+
+
+def parse_public_urls(urls: typing.Iterable[str], setting: str) -> frozenset[RelayUrl]:
+    """Configured public URLs (`public_urls`, a tenant's `--public-url`), normalized;
+    ValueError naming `setting` for one that is not a ws:// or wss:// URL with a host (and
+    nothing after its path). Here, below relay.identity and relay.tenants, which use
+    them: settings are checked without importing the modules that read them."""
+    out = set()
+    for raw in urls:
+        parsed = parse_relay_url(raw)
+        scheme = raw.strip().split(":", 1)[0].lower()
+        if parsed is None or scheme not in ("ws", "wss") or any(c in raw for c in "?#"):
+            raise ValueError(
+                f"{setting}: {raw!r} is not a relay URL (ws://HOST[:PORT][/PATH] or"
+                " wss://HOST[:PORT][/PATH])"
+            )
+        out.add(parsed)
+    return frozenset(out)
 
 
 class Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -302,7 +322,6 @@ def _check_values(settings: Settings) -> None:
             f" got {settings.auth_challenge!r}"
         )
     from relay.allowlist import parse_allowlist
-    from relay.identity import parse_public_urls
 
     try:
         parse_public_urls(settings.public_urls, "public_urls")
@@ -333,8 +352,6 @@ def _check_values(settings: Settings) -> None:
 def _check_negentropy_budget(settings: Settings) -> None:
     """A NEG-OPEN reserves room for its whole set before reading it: a budget below one
     such reservation would refuse every NEG-OPEN, silently turning NIP-77 off."""
-    from relay.negentropy import ITEM_BYTES
-
     if settings.negentropy_max_sessions < 1:
         return  # NIP-77 is off anyway (and not advertised)
     reserve = (settings.negentropy_max_items + 1) * ITEM_BYTES

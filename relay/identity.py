@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from engram.urls import RelayUrl, normalize_host, parse_relay_url
+from engram.urls import RelayUrl, normalize_host
+from relay.config import parse_public_urls as parse_public_urls  # the settings' check
 
 if TYPE_CHECKING:
     from relay.config import Settings
@@ -27,22 +28,6 @@ if TYPE_CHECKING:
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 WILDCARD_BINDS = ("", "0.0.0.0", "::")
-
-
-def parse_public_urls(urls: Iterable[str], setting: str) -> frozenset[RelayUrl]:
-    """Configured public URLs, normalized; ValueError naming `setting` for one that is not
-    a ws:// or wss:// URL with a host (and nothing after its path)."""
-    out = set()
-    for raw in urls:
-        parsed = parse_relay_url(raw)
-        scheme = raw.strip().split(":", 1)[0].lower()
-        if parsed is None or scheme not in ("ws", "wss") or any(c in raw for c in "?#"):
-            raise ValueError(
-                f"{setting}: {raw!r} is not a relay URL (ws://HOST[:PORT][/PATH] or"
-                " wss://HOST[:PORT][/PATH])"
-            )
-        out.add(parsed)
-    return frozenset(out)
 
 
 def listen_urls(

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from engram.negentropy import ID_SIZE, MIN_FRAME_SIZE, Items, Negentropy, NegentropyError
+from engram.negentropy import ITEM_BYTES as ITEM_BYTES  # a held item's bytes
+from engram.negentropy import MIN_FRAME_SIZE, Items, Negentropy, NegentropyError
 from relay import metrics, policy, wire
 from relay.config import Settings
 from relay.filters import FilterError, parse_filter
@@ -29,7 +30,6 @@ from relay.wire import Reason
 log = logging.getLogger("engram.negentropy")
 
 _FRAME_OVERHEAD = 32  # `["NEG-MSG","",""]` plus slack, on top of the subscription id
-ITEM_BYTES = ID_SIZE + 8  # a held item: its id and its timestamp (engram.negentropy.Items)
 
 
 class _Open:

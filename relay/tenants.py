@@ -12,13 +12,12 @@ from typing import Any
 import msgspec
 
 from engram.urls import RelayUrl
-from relay.config import AUTH_CHALLENGES, Limits, Settings, private_set
+from relay.config import AUTH_CHALLENGES, Limits, Settings, parse_public_urls, private_set
 from relay.hosts import host_key
-from relay.identity import parse_public_urls
 from relay.moderation import NONE, Moderation
-from relay.store import DEFAULT_TENANT
 
 WRITE_POLICIES = ("open", "members")
+DEFAULT_TENANT = "default"  # the built-in tenant's key (events.tenant); relay.store uses it
 
 
 class TenantConfig(msgspec.Struct, kw_only=True):

@@ -28,13 +28,13 @@ from engram.replace import NEWER_STORED, superseded_message
 from engram.replace import TIE_LOST as _TIE_LOST
 from relay.config import DEFAULT_PRIVATE
 from relay.filters import Filter
+from relay.tenants import DEFAULT_TENANT as DEFAULT_TENANT  # re-exported: stores use it
 from relay.wire import Reason
 
-if TYPE_CHECKING:  # relay.tenants imports DEFAULT_TENANT from here
+if TYPE_CHECKING:
     from relay.moderation import Moderation
     from relay.tenants import TenantConfig
 
-DEFAULT_TENANT = "default"
 T = TypeVar("T")
 
 

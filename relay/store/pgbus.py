@@ -23,7 +23,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import asyncpg
 
@@ -31,10 +32,6 @@ from relay import metrics
 from relay.store import Deliver, StoreError
 from relay.store.pgbase import DB_ERRORS, PostgresBase, failure
 from relay.wire import Reason
-
-if TYPE_CHECKING:
-    from relay.store.postgres import PostgresStore
-    from relay.store.router import StoreRouter
 
 log = logging.getLogger("relay.bus")
 
@@ -143,7 +140,7 @@ class PostgresBusRows(PostgresBase):
 class PostgresBus:
     """One database's bus (relay.store.EventBus): its LISTEN connection and its tail."""
 
-    def __init__(self, dsn: str, store: PostgresStore, poll: float = 1.0) -> None:
+    def __init__(self, dsn: str, store: PostgresBusRows, poll: float = 1.0) -> None:
         self.dsn = dsn
         self.store = store
         self.poll = poll
@@ -257,10 +254,20 @@ class PostgresBus:
 class RoutedBus:
     """The relay's bus (relay.store.EventBus): one PostgresBus per database the router
     has open (each with its LISTEN); a row is delivered only while its tenant is placed
-    on the database it came from (a moved tenant's old rows stay put)."""
+    on the database it came from (a moved tenant's old rows stay put).
 
-    def __init__(self, router: StoreRouter, poll: float) -> None:
-        self._router = router
+    Given the router's parts, not the router (relay.store.router builds this bus):
+    `stores`, its open stores by database URL (kept current by the router), and
+    `database_of`, the database a tenant is placed on."""
+
+    def __init__(
+        self,
+        stores: Mapping[str, PostgresBusRows],
+        database_of: Callable[[str], str],
+        poll: float,
+    ) -> None:
+        self._stores = stores
+        self._database_of = database_of
         self._poll = poll
         self._buses: dict[str, PostgresBus] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -268,7 +275,7 @@ class RoutedBus:
 
     async def prepare(self) -> None:
         """Each open database's tail takes its starting position before subscribers come."""
-        for url, store in list(self._router._stores.items()):
+        for url, store in list(self._stores.items()):
             if url not in self._buses:
                 self._buses[url] = PostgresBus(url, store, poll=self._poll)
             await self._buses[url].prepare()
@@ -279,22 +286,22 @@ class RoutedBus:
 
     async def run(self, deliver: Deliver) -> None:
         self._deliver = deliver
-        for url, store in list(self._router._stores.items()):
+        for url, store in list(self._stores.items()):
             self.start(url, store)
         try:
             await asyncio.Event().wait()  # until cancelled
         finally:
             await self.stop()
 
-    def start(self, url: str, store: PostgresStore) -> None:
+    def start(self, url: str, store: PostgresBusRows) -> None:
         if url not in self._buses:
             self._buses[url] = PostgresBus(url, store, poll=self._poll)
         if self._deliver is None or url in self._tasks:
             return
-        deliver, router = self._deliver, self._router
+        deliver, database_of = self._deliver, self._database_of
 
         def placed(tenant: str, raw: bytes) -> None:
-            if router.database_of(tenant) == url:  # a moved tenant's old rows stay put
+            if database_of(tenant) == url:  # a moved tenant's old rows stay put
                 deliver(tenant, raw)
 
         self._tasks[url] = asyncio.create_task(self._buses[url].run(placed))
@@ -315,6 +322,6 @@ class RoutedBus:
                 await task
 
     async def publish_ephemeral(self, tenant: str, raw: bytes) -> None:
-        bus = self._buses.get(self._router.database_of(tenant))
+        bus = self._buses.get(self._database_of(tenant))
         if bus is not None:
             await bus.publish_ephemeral(tenant, raw)

@@ -53,7 +53,7 @@ class StoreRouter(ByEnqueue):
         self._placement: dict[str, str] = {}  # tenant key -> database URL, if not `url`
         self._failed: dict[str, str] = {}  # database URL -> why it could not be opened
         self._closing: set[asyncio.Task[None]] = set()
-        self.bus = RoutedBus(self, settings.bus_poll_seconds)
+        self.bus = RoutedBus(self._stores, self.database_of, settings.bus_poll_seconds)
 
     @classmethod
     async def open(cls, url: str, settings: Settings) -> StoreRouter:
