@@ -13,7 +13,16 @@ import msgspec
 
 from relay.config import DEFAULT_PRIVATE
 from relay.filters import Filter
-from relay.store.sqlread import Params, eq, kind_in, kinds_of, one_or_all
+from relay.store.sqlread import (
+    Params,
+    eq,
+    kind_in,
+    kinds_of,
+    one_or_all,
+    span,
+    span_refs,
+    tag_match,
+)
 from relay.store.tagindex import tag_key
 
 
@@ -49,22 +58,11 @@ def _tag_count_part(f: Filter, name: str, p: Params) -> _TagCount | None:
         return None
     mark = len(p.values)
     ref = p.add(one_or_all(keys))
-    if len(keys) == 1:
-        span = [f"x.tenant = $1 AND x.tag = tag_hash({ref}::text)"]
-        row = [f"e.tagvals && ARRAY[{ref}::text]"]
-    else:
-        span = [
-            f"x.tenant = $1 AND x.tag = ANY(ARRAY(SELECT tag_hash(k) FROM unnest({ref}::text[]) k))"
-        ]
-        row = [f"e.tagvals && {ref}::text[]"]
-    if f.since is not None:
-        since = p.add(f.since)
-        span.append(f"x.created_at >= {since}::int8")
-        row.append(f"e.created_at >= {since}::int8")
-    if f.until is not None:
-        until = p.add(f.until)
-        span.append(f"x.created_at <= {until}::int8")
-        row.append(f"e.created_at <= {until}::int8")
+    entry = [f"x.tenant = $1 AND {tag_match('x.tag', ref, len(keys))}"]
+    row = [f"e.tagvals && ARRAY[{ref}::text]" if len(keys) == 1 else f"e.tagvals && {ref}::text[]"]
+    refs = span_refs(f, p)
+    entry.extend(span("x.created_at", refs))
+    row.extend(span("e.created_at", refs))
     private = sorted(p.private if kinds is None else p.private.intersection(kinds))
     public: list[str] | None = None  # the kind condition of the public part, if any
     if kinds is None:
@@ -76,7 +74,7 @@ def _tag_count_part(f: Filter, name: str, p: Params) -> _TagCount | None:
     if v is not None:  # without a viewer no private event is counted, as in sqlread
         gated = " AND ".join(
             [
-                *span,
+                *entry,
                 kind_in("x.kind", private),
                 "e.tenant = $1 AND e.id = x.id",
                 f"(e.pubkey = {v} OR e.owner = {v})",
@@ -90,7 +88,7 @@ def _tag_count_part(f: Filter, name: str, p: Params) -> _TagCount | None:
         return None
     entries = rows = None
     if public is not None:
-        entries = " AND ".join([*span, *(c.format(t="x") for c in public)])
+        entries = " AND ".join([*entry, *(c.format(t="x") for c in public)])
         rows = " AND ".join([*row, *(c.format(t="e") for c in public)])
     return _TagCount(public=entries, public_row=rows, several=len(keys) > 1, private=gated)
 
@@ -216,23 +214,15 @@ def build_items(
         select = f"SELECT created_at, id FROM events WHERE {where}"
     else:
         keys = list(dict.fromkeys(tag_key(name, v) for v in f.tags[name]))
-        tag = (
-            f"tag = tag_hash({p.add(keys[0])}::text)"
-            if len(keys) == 1
-            else f"tag = ANY(ARRAY(SELECT tag_hash(k) FROM unnest({p.add(keys)}::text[]) k))"
-        )
-        span = ""
-        if f.since is not None:
-            span += f" AND created_at >= {p.add(f.since)}::int8"
-        if f.until is not None:
-            span += f" AND created_at <= {p.add(f.until)}::int8"
+        terms = [tag_match("tag", p.add(one_or_all(keys)), len(keys))]
+        terms.extend(span("created_at", span_refs(f, p)))
         kinds = kinds_of(f)
         if kinds:  # never empty here: p.conditions returned None for that
-            span += " AND " + eq("kind", p.add(one_or_all(kinds)), "int4", len(kinds))
+            terms.append(eq("kind", p.add(one_or_all(kinds)), "int4", len(kinds)))
         # an event carrying several of the values has an entry for each: DISTINCT
         select = (
             f"SELECT e.created_at, e.id FROM (SELECT DISTINCT id FROM event_tags"
-            f" WHERE tenant = $1 AND {tag}{span}) x"
+            f" WHERE tenant = $1 AND {' AND '.join(terms)}) x"
             f" CROSS JOIN LATERAL (SELECT created_at, id FROM events WHERE {where}"
             " AND id = x.id) e"
         )

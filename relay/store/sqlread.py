@@ -109,16 +109,35 @@ def one_or_all(values: list[Any]) -> Any:
     return values[0] if len(values) == 1 else values
 
 
+def tag_match(column: str, ref: str, n: int) -> str:
+    """`column` (an event_tags `tag`) is the hash of the tag key in parameter `ref`, or of
+    one of the `n` keys it holds as an array: the one spelling of the tag index's match,
+    for REQ, COUNT and the NIP-77 set (relay.store.tagindex encodes the keys)."""
+    if n == 1:
+        return f"{column} = tag_hash({ref}::text)"
+    return f"{column} = ANY(ARRAY(SELECT tag_hash(k) FROM unnest({ref}::text[]) k))"
+
+
+def span_refs(f: Filter, p: Params) -> tuple[str | None, str | None]:
+    """The parameters of a filter's `since` and `until` (added in that order), or None."""
+    since = None if f.since is None else p.add(f.since)
+    until = None if f.until is None else p.add(f.until)
+    return since, until
+
+
+def span(column: str, refs: tuple[str | None, str | None]) -> list[str]:
+    """NIP-01's time span on `column` (inclusive at both ends), from `span_refs`: one
+    spelling for events and event_tags, so a row and its index entries agree."""
+    since, until = refs
+    terms = [] if since is None else [f"{column} >= {since}::int8"]
+    if until is not None:
+        terms.append(f"{column} <= {until}::int8")
+    return terms
+
+
 def _tag_ids(ref: str, n: int) -> str:
     """Ids of the tenant's events carrying the tag key(s) in parameter `ref`, by hash."""
-    if n == 1:
-        return (
-            f"SELECT x.id FROM event_tags x WHERE x.tenant = $1 AND x.tag = tag_hash({ref}::text)"
-        )
-    return (
-        "SELECT x.id FROM event_tags x WHERE x.tenant = $1"
-        f" AND x.tag = ANY(ARRAY(SELECT tag_hash(k) FROM unnest({ref}::text[]) k))"
-    )
+    return f"SELECT x.id FROM event_tags x WHERE x.tenant = $1 AND {tag_match('x.tag', ref, n)}"
 
 
 def _conditions(
@@ -173,10 +192,7 @@ def _conditions(
             # nothing else bounds the rows read: find them through event_tags (one index
             # range per value); the `tagvals` term above rechecks the hash's finds
             conds.append(f"id IN ({_tag_ids(ref, len(keys))})")
-    if f.since is not None:
-        conds.append(f"created_at >= {p.add(f.since)}::int8")
-    if f.until is not None:
-        conds.append(f"created_at <= {p.add(f.until)}::int8")
+    conds.extend(span("created_at", span_refs(f, p)))
     if f.search is not None:
         # NIP-50; the expression and predicate match the partial index events_words
         conds.append(
@@ -248,11 +264,7 @@ def _tag_driven(f: Filter, name: str, p: Params, scan_max: int) -> str | None:
     if conds is None:
         return None
     where = " AND ".join(["tenant = $1", "id = x.id", *conds])
-    span = ""
-    if f.since is not None:
-        span += f" AND created_at >= {p.add(f.since)}::int8"
-    if f.until is not None:
-        span += f" AND created_at <= {p.add(f.until)}::int8"
+    within = "".join(f" AND {t}" for t in span("created_at", span_refs(f, p)))
     limit = p.add(f.limit)
     cap = p.add(scan_max)
     # the kind is in each entry (0026): entries of other kinds are dropped before their
@@ -264,11 +276,11 @@ def _tag_driven(f: Filter, name: str, p: Params, scan_max: int) -> str | None:
         of_kinds = " WHERE " + eq("y.kind", p.add(one_or_all(kinds)), "int4", len(kinds))
     keys = list(dict.fromkeys(tag_key(name, v) for v in f.tags[name]))
     # one value: a scalar parameter (readbatch batches the statement); several: the array
-    tag = f"tag_hash({p.add(keys[0])}::text)" if len(keys) == 1 else "tag_hash(k.key)"
+    tag = tag_match("tag", p.add(keys[0]), 1) if len(keys) == 1 else "tag = tag_hash(k.key)"
     branch = (
         f"SELECT e.raw, e.created_at, e.id FROM (SELECT created_at, id FROM (SELECT"
         f" created_at, id, kind FROM event_tags"
-        f" WHERE tenant = $1 AND tag = {tag}{span}"
+        f" WHERE tenant = $1 AND {tag}{within}"
         f" ORDER BY created_at DESC, id LIMIT {cap}::int8) y{of_kinds}) x"
         f" CROSS JOIN LATERAL (SELECT {SELECT_COLUMNS} FROM events WHERE {where}) e"
         f" ORDER BY x.created_at DESC, x.id LIMIT {limit}::int8"
