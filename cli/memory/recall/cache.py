@@ -123,6 +123,8 @@ class CacheFile:
             sizes = (len(payload.ids), len(payload.created), len(payload.values))
             if sizes != (n, n, n) or len(payload.about) != n:
                 return None
+            if n and min(payload.created) < 0:  # NIP-77 could not name it: not ours
+                return None
             live = sum(v is not None for v in payload.values)
             dim = index.embedder.dim
             q = np.frombuffer(payload.live_vectors, dtype=np.int8)

@@ -118,11 +118,15 @@ class RecallIndex:
         """Whether `event_id` is the head of some slug here (verified when it arrived)."""
         return event_id in self._ids
 
+    def created_at_of(self, event_id: str) -> int | None:
+        """The created_at of the head `event_id` as it was verified, or None."""
+        return self._ids.get(event_id)
+
     @property
-    def _ids(self) -> set[str]:
-        ids = getattr(self, "_id_set", None)
+    def _ids(self) -> dict[str, int]:
+        ids = getattr(self, "_id_at", None)
         if ids is None:
-            ids = self._id_set = {k.event_id for k in self.heads.values()}
+            ids = self._id_at = {k.event_id: k.created_at for k in self.heads.values()}
         return ids
 
     def quantized(self, slugs: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -170,10 +174,10 @@ class RecallIndex:
         for slug, k in known.items():
             old = self.heads.get(slug)
             if old is not None:
-                ids.discard(old.event_id)
+                ids.pop(old.event_id, None)
                 self._drop(slug)
             self.heads[slug] = k
-            ids.add(k.event_id)
+            ids[k.event_id] = k.created_at
         live = [(s, k.value) for s, k in known.items() if k.value is not None]
         if not live:
             return

@@ -41,6 +41,10 @@ class RecallSettings:
     slack: int = 600
     full_every: float = 86_400.0
     seen_max: int = 50_000  # events seen that are no head, remembered for NIP-77
+    # An event dated further ahead of this machine's clock than this is skipped as
+    # absurd: a writer keeps within engram.FUTURE_SKEW_MAX (600 s) of its own clock and
+    # relays refuse more than 900 s ahead by default; a day leaves room for any skew.
+    future_max: int = 86_400
     save_delay: float = 5.0  # a long-running process saves the cache this long after a change
 
 

@@ -15,9 +15,14 @@ MCP server, the ACP proxy) lives. Each relay is brought up to date by one of:
   seconds for a relay without NIP-77: what `since` cannot see (a write dated more than
   `slack` behind the newest) is missed for at most that long.
 
-An event is verified and decrypted only if it could change a head: one whose `d` is a known
-slug's and that does not beat that slug's head (the same event again, or an older version)
-is skipped unverified, since nothing is taken from it. Every other event goes through
+Every event a relay returns is hostile input: one whose id is not hex, whose created_at is
+negative or absurd, or whose content is oversize is counted and dropped before anything
+looks at it (`screened`); the id's hash and the signature are checked (once, by
+HeadChecker) before an event is taken, remembered as seen (the cache, NIP-77) or counted
+as a relay's newest. An event is decrypted only if it could change a head: one whose `d`
+is a known slug's and that does not beat that slug's head is the same event again (taken
+as such only with the id and created_at that were verified) or an older version, which is
+verified before it is remembered. Every other event goes through
 `HeadChecker` (all five validity rules) and the head rule (`engram.beats`, through
 `engram.live` with the index's entry as one of the versions: the winner is kept whatever
 order events come in), then
@@ -35,7 +40,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -56,7 +61,8 @@ from cli.nostr.relayset import _reason
 from engram import CORE_SLUG, KIND_ENGRAM, KIND_VERDICT, Head, beats, d_tag
 from engram.live import Live, live_view, valid_at
 from engram.negentropy import Items
-from engram.nip01 import Event
+from engram.nip01 import Event, is_hex
+from engram.nip44 import PAYLOAD_MAX_CHARS
 from engram.versions import AGENT, Meta, Version
 
 T = TypeVar("T")
@@ -86,9 +92,31 @@ class _Tally:
     changed: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
 
-    def add(self, result: tuple[int, Counter[str]]) -> None:
-        self.changed += result[0]
-        self.skipped.update(result[1])
+
+# Why an event is skipped before any rule of the protocol looks at it (the rules' own
+# reasons are cli.memory.results.SKIP_REASONS, counted by HeadChecker).
+BAD_ID = "bad id"
+BAD_TIME = "bad created_at"
+OVERSIZE = "oversize"
+
+
+def screened(events: Iterable[Event], latest: int, skipped: Counter[str]) -> list[Event]:
+    """The events whose id is 64 lower-case hex (NIP-01's only form), whose created_at is
+    in 0..`latest` and whose content fits a NIP-44 payload (engram.nip44: what any memory
+    event carries); the others are counted in `skipped` by reason. Cheap checks only: the
+    id's hash and the signature are the protocol's rule 2, checked (once) by HeadChecker
+    before anything is taken from an event, or remembered of it."""
+    kept = []
+    for e in events:
+        if not is_hex(e.id, 64):
+            skipped[BAD_ID] += 1
+        elif not 0 <= e.created_at <= latest:
+            skipped[BAD_TIME] += 1
+        elif len(e.content) > PAYLOAD_MAX_CHARS:
+            skipped[OVERSIZE] += 1
+        else:
+            kept.append(e)
+    return kept
 
 
 class Recall:
@@ -150,8 +178,11 @@ class Recall:
             self._saved_newest = dict(self.newest)
             self.checked = dict(payload.checked)
             blob = payload.seen_ids
-            self.seen = {
-                blob[32 * i : 32 * i + 32].hex(): at for i, at in enumerate(payload.seen_at)
+            latest = int(time.time()) + self.settings.future_max
+            self.seen = {  # a time out of range: written by a version that did not check
+                blob[32 * i : 32 * i + 32].hex(): at
+                for i, at in enumerate(payload.seen_at)
+                if 0 <= at <= latest
             }
         else:
             self.rebuilt = True
@@ -287,8 +318,11 @@ class Recall:
 
         def take(events: list[Event]) -> None:
             nonlocal top
-            top = max(top, *(e.created_at for e in events))
-            tally.add(self._apply_events(events, HeadChecker(self.identity)))
+            checker = HeadChecker(self.identity)
+            changed, newest = self._apply_events(events, checker)
+            top = max(top, newest)
+            tally.changed += changed
+            tally.skipped.update(checker.skipped)
 
         got = await fetch_all(client, self._filter(), self._limits.get(url), take=take)
         if top:
@@ -357,22 +391,34 @@ class Recall:
             return await self._everything(client, tally)
         return Fetched()
 
-    def _apply_events(self, events: list[Event], checker: HeadChecker) -> tuple[int, Counter[str]]:
+    def _apply_events(self, events: list[Event], checker: HeadChecker) -> tuple[int, int]:
         """Verify and index what could change a head among `events` (the head rule holds
         whatever order events come in: `_take` weighs each against the index's entry);
-        events that are no head after that are remembered as seen. (heads changed,
-        skipped by reason)"""
-        assert self.index is not None
+        valid events that are no head after that are remembered as seen. Invalid events
+        (`screened`'s checks, then the protocol's rules through `checker`, which counts
+        them) change nothing and are never remembered, cached, offered to NIP-77 or
+        taken as a relay's newest. (heads changed, the newest valid event's created_at)"""
+        index = self.index
+        assert index is not None
+        latest = int(time.time()) + self.settings.future_max
+        events = screened(events, latest, checker.skipped)
         heads = checker.heads(e for e in events if self._could_change(e))
         changed = self._take(heads, checker)
+        top = 0
         for e in events:
-            if not self.index.knows(e.id) and e.id not in self.seen:
-                self.seen[e.id] = e.created_at
-                self._dirty = True
+            at = index.created_at_of(e.id)
+            at = self.seen.get(e.id) if at is None else at
+            if at != e.created_at:  # new here (or a copy that is not what was verified)
+                if checker.version(e) is None:
+                    continue  # invalid: counted by the checker
+                if not index.knows(e.id):
+                    self.seen[e.id] = e.created_at
+                    self._dirty = True
+            top = max(top, e.created_at)
         if len(self.seen) > self.settings.seen_max:  # keep the newest
             kept = sorted(self.seen.items(), key=lambda kv: kv[1])[-self.settings.seen_max :]
             self.seen = dict(kept)
-        return changed, checker.skipped
+        return changed, top
 
     def _apply(
         self,
@@ -391,8 +437,9 @@ class Recall:
         for url, got in fetched.items():
             events = list(got.events.values())
             if events:
-                self.newest[url] = max(self.newest.get(url, 0), *(e.created_at for e in events))
-                changed, _ = self._apply_events(events, checker)
+                changed, top = self._apply_events(events, checker)
+                if top:
+                    self.newest[url] = max(self.newest.get(url, 0), top)
                 tally.changed += changed
         if verdicts is not None:  # every slug a verdict names, as the rule reads it now
             tally.changed += self._take({}, checker)
