@@ -201,6 +201,10 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the sets of every connection together (relay.negentropy); past it a NEG-OPEN is
     # answered NEG-ERR "blocked: …"
     negentropy_budget_bytes: int = 256 * 1024 * 1024
+    # ...and the share of one client address (its connections together; 0: no share):
+    # three sessions of negentropy_max_items at once, so one address cannot take the
+    # whole budget. Loopback is exempt as from the rate limits (rate.exempt_loopback).
+    negentropy_budget_per_ip_bytes: int = 64 * 1024 * 1024
 
 
 class ConfigError(ValueError):
@@ -355,13 +359,18 @@ def _check_negentropy_budget(settings: Settings) -> None:
     if settings.negentropy_max_sessions < 1:
         return  # NIP-77 is off anyway (and not advertised)
     reserve = (settings.negentropy_max_items + 1) * ITEM_BYTES
-    if settings.negentropy_budget_bytes < reserve:
-        raise ConfigError(
-            f"negentropy_budget_bytes ({settings.negentropy_budget_bytes}) is below what one"
-            f" NEG-OPEN reserves ((negentropy_max_items + 1) x {ITEM_BYTES} = {reserve}"
-            " bytes), so every NEG-OPEN would be refused: raise negentropy_budget_bytes,"
-            " lower negentropy_max_items, or set negentropy_max_sessions = 0 to turn NIP-77 off"
-        )
+    budgets = [("negentropy_budget_bytes", settings.negentropy_budget_bytes, "every")]
+    if settings.negentropy_budget_per_ip_bytes:  # 0: no per-address share
+        share = settings.negentropy_budget_per_ip_bytes
+        budgets.append(("negentropy_budget_per_ip_bytes", share, "a limited address's"))
+    for name, budget, whose in budgets:
+        if budget < reserve:
+            raise ConfigError(
+                f"{name} ({budget}) is below what one NEG-OPEN reserves"
+                f" ((negentropy_max_items + 1) x {ITEM_BYTES} = {reserve} bytes), so {whose}"
+                f" NEG-OPEN would be refused: raise {name}, lower negentropy_max_items, or"
+                " set negentropy_max_sessions = 0 to turn NIP-77 off"
+            )
 
 
 def load_settings(

@@ -9,7 +9,10 @@ protocol itself is `engram.negentropy`; this module holds sessions and limits on
 Memory is bounded relay-wide too (`negentropy_budget_bytes`, in `/metrics`): a NEG-OPEN
 reserves what its read may bring back (`negentropy_max_items` items) until the set is
 read, then holds what the set costs until the session ends; one that would take the
-relay past the budget is answered `NEG-ERR "blocked: …"`.
+relay past the budget is answered `NEG-ERR "blocked: …"`. One client address (its
+connections together) holds at most `negentropy_budget_per_ip_bytes` of it, so one
+client cannot take the whole budget and leave every other one refused; addresses the
+rate limits exempt (loopback, relay.ratelimit) are held to the relay-wide bound only.
 """
 
 from __future__ import annotations
@@ -35,12 +38,13 @@ _FRAME_OVERHEAD = 32  # `["NEG-MSG","",""]` plus slack, on top of the subscripti
 class _Open:
     """One negentropy session of a connection (state None while its set is read)."""
 
-    __slots__ = ("cost", "neg", "timer")
+    __slots__ = ("cost", "ip", "neg", "timer")
 
-    def __init__(self) -> None:
+    def __init__(self, ip: str | None) -> None:
         self.neg: Negentropy | None = None
         self.timer: asyncio.TimerHandle | None = None
-        self.cost = 0  # bytes charged to the relay-wide budget
+        self.cost = 0  # bytes charged to the relay-wide budget (and to `ip`'s share)
+        self.ip = ip  # the client address whose share it counts against (None: exempt)
 
     def stop(self) -> None:
         if self.timer is not None:
@@ -61,7 +65,9 @@ class NegentropyService:
         self.settings = settings
         self.store = store
         self.budget = settings.negentropy_budget_bytes
+        self.per_ip = settings.negentropy_budget_per_ip_bytes  # 0: no per-address share
         self.held = 0  # bytes reserved or held by the sessions of every connection
+        self.held_by_ip: dict[str, int] = {}  # the same, per limited address holding any
         self.peak = 0  # the most ever held at once
         metrics.watch_negentropy(self)
 
@@ -99,12 +105,21 @@ class NegentropyService:
             return
         max_items = self.settings.negentropy_max_items
         reserve = (max_items + 1) * ITEM_BYTES  # the most the read below may bring back
+        allow = session.allowance
+        ip = session.ip if self.per_ip and allow is not None and not allow.exempt else None
+        if ip is not None and self.held_by_ip.get(ip, 0) + reserve > self.per_ip:
+            why = Reason.BLOCKED(
+                f"your address holds too many negentropy sets now (at most {self.per_ip}"
+                " bytes); close one (NEG-CLOSE) or try again later"
+            )
+            session.send(wire.neg_err(sub_id, why))
+            return
         if self.held + reserve > self.budget:
             metrics.negentropy_refused()
             why = Reason.BLOCKED("the relay holds too many negentropy sets now; try again later")
             session.send(wire.neg_err(sub_id, why))
             return
-        state = _Open()
+        state = _Open(ip)
         opened[sub_id] = state
         self._charge(state, reserve)
         try:
@@ -151,10 +166,18 @@ class NegentropyService:
         session.negentropy = None
 
     def _charge(self, state: _Open, cost: int) -> None:
-        """`state` now costs `cost` bytes of the budget (a reservation, or its set)."""
-        self.held += cost - state.cost
+        """`state` now costs `cost` bytes of the budget (a reservation, or its set), and
+        of its address's share."""
+        change = cost - state.cost
+        self.held += change
         state.cost = cost
         self.peak = max(self.peak, self.held)
+        if state.ip is not None:
+            left = self.held_by_ip.get(state.ip, 0) + change
+            if left:
+                self.held_by_ip[state.ip] = left
+            else:  # an address holding nothing is not kept
+                self.held_by_ip.pop(state.ip, None)
 
     def _end(self, state: _Open) -> None:
         """A session ends: its timer stops and its bytes return to the budget."""

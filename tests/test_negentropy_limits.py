@@ -7,11 +7,13 @@ from __future__ import annotations
 import urllib.request
 
 import asyncpg
+import pytest
 from negentropy_support import BASE, event, neg_reply
 from nostr_client import Client
 from relay_fixtures import until
 
 from engram.negentropy import Items, Negentropy
+from relay.config import ConfigError, load_settings
 from relay.negentropy import ITEM_BYTES
 
 EMPTY = Negentropy(Items.from_pairs([])).initiate().hex()
@@ -131,3 +133,60 @@ async def test_negentropy_sets_have_a_relay_wide_budget(start_relay) -> None:
         lambda: scrape(rp)["engram_negentropy_bytes"] == 0, "the closed connection's set is freed"
     )
     assert scrape(rp)["engram_negentropy_bytes_peak"] == 6 * ITEM_BYTES
+
+
+async def test_one_address_cannot_take_the_whole_negentropy_budget(start_relay) -> None:
+    """Two client addresses share the relay's NIP-77 budget: one that fills its share is
+    refused with a reason naming its address, and the other is still served though the
+    relay-wide budget would have room for the first one's next set."""
+    reserve = 6 * ITEM_BYTES  # (max_items + 1) items while a set is read
+    rp = start_relay(
+        env={
+            "ENGRAM_RATE_EXEMPT_LOOPBACK": "false",  # 127.0.0.1 and 127.0.0.2: two clients
+            "ENGRAM_NEGENTROPY_MAX_ITEMS": "5",
+            "ENGRAM_NEGENTROPY_BUDGET_BYTES": str(10 * reserve),
+            "ENGRAM_NEGENTROPY_BUDGET_PER_IP_BYTES": str(reserve),  # one read at a time
+        }
+    )
+    three = [event(i, BASE + i) for i in range(3)]
+    async with await Client.connect(rp.url) as c:
+        assert all(ok[2] for ok in (await c.publish_many(three)).values())
+    first = {"local_addr": ("127.0.0.1", 0)}
+    other = {"local_addr": ("127.0.0.2", 0)}
+    async with (
+        await Client.connect(rp.url, **first) as a1,
+        await Client.connect(rp.url, **first) as a2,
+        await Client.connect(rp.url, **other) as b,
+    ):
+        await a1.send(["NEG-OPEN", "a1", {}, EMPTY])
+        assert (await neg_reply(a1, "a1"))[0] == "NEG-MSG"
+        assert scrape(rp)["engram_negentropy_bytes"] == 3 * ITEM_BYTES
+        # the same address, another connection: its share holds a1's set, and a second
+        # reservation would pass it (the relay-wide budget has room for eight)
+        await a2.send(["NEG-OPEN", "a2", {}, EMPTY])
+        err = await neg_reply(a2, "a2")
+        assert err[0] == "NEG-ERR"
+        assert err[2].startswith("blocked: your address holds too many negentropy sets"), err
+        assert scrape(rp)["engram_negentropy_refused_total"] == 0  # not the relay's budget
+        # another address is served meanwhile
+        await b.send(["NEG-OPEN", "b", {}, EMPTY])
+        assert (await neg_reply(b, "b"))[0] == "NEG-MSG"
+        assert scrape(rp)["engram_negentropy_bytes"] == 6 * ITEM_BYTES
+        # the first address's session ends (a1's later answer marks its NEG-CLOSE handled):
+        # its share is free again
+        await a1.send(["NEG-CLOSE", "a1"])
+        await a1.send(["NEG-MSG", "a1", "61"])
+        assert (await neg_reply(a1, "a1"))[2].startswith("closed:")
+        await a2.send(["NEG-OPEN", "a2", {}, EMPTY])
+        assert (await neg_reply(a2, "a2"))[0] == "NEG-MSG"
+
+
+def test_a_per_address_share_below_one_reservation_is_refused_at_start() -> None:
+    """A share below one NEG-OPEN's reservation would refuse every limited address's
+    NEG-OPEN: the settings are refused, naming the setting; 0 turns the share off."""
+    fits = {"ENGRAM_NEGENTROPY_MAX_ITEMS": "1000", "ENGRAM_NEGENTROPY_BUDGET_BYTES": "80080"}
+    share = "ENGRAM_NEGENTROPY_BUDGET_PER_IP_BYTES"
+    assert load_settings(env={**fits, share: "40040"}).negentropy_budget_per_ip_bytes == 40040
+    with pytest.raises(ConfigError, match=r"negentropy_budget_per_ip_bytes \(40039\) is below"):
+        load_settings(env={**fits, share: "40039"})
+    assert load_settings(env={**fits, share: "0"}).negentropy_budget_per_ip_bytes == 0
