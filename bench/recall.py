@@ -1,6 +1,7 @@
 """`python -m bench recall`: recall quality, and recall speed and size.
 
     python -m bench recall quality [--split held-out|tune|all] [--model NAME] [--fresh]
+    python -m bench recall conv [--split held-out|tune|all] [--model NAME]
     python -m bench recall speed [--sizes 1000,10000,100000] [--queries 200]
 
 `quality` builds the evaluation set of `bench.recallset` (deterministic: the figures are the
@@ -201,17 +202,144 @@ def quality(argv: list[str]) -> int:
     return 0
 
 
+CONV_KINDS = ("multi", "time", "implied", "single")
+CONV_MODES = ("bm25", "lexical", "dense", "fused")
+
+
+def _conv_index(conv: Any, model: str) -> Any:
+    """One conversation's memories as recall indexes them (through the int8 cache)."""
+    from cli.memory.recall.dense import load
+    from cli.memory.recall.index import Known, RecallIndex
+
+    index = RecallIndex(load(model))
+    index.put({t.slug: Known(f"{i:064x}", t.created_at, t.value) for i, t in enumerate(conv.turns)})
+    return _through_cache(index)
+
+
+def _bm25(conv: Any) -> Any:
+    """The baseline: plain BM25 over the same memories (each turn's slug words and value,
+    stemmed, stop words dropped; `cli.memory.recall.lexical` with nothing else), ranked
+    by score, ties to the newer memory."""
+    import numpy as np
+
+    from cli.memory.recall.index import doc_text
+    from cli.memory.recall.lexical import Lexical
+    from cli.memory.recall.text import terms
+
+    lex = Lexical()
+    for row, t in enumerate(conv.turns):
+        lex.add(row, terms(doc_text(t.slug, t.value)))
+    created = np.array([t.created_at for t in conv.turns], dtype=np.int64)
+
+    def rank(query: str, k: int) -> list[str]:
+        scores = lex.scores(terms(query), len(conv.turns))
+        rows = [r for r in np.lexsort((-created, -scores))[:k].tolist() if scores[r] > 0]
+        return [conv.turns[r].slug for r in rows]
+
+    return rank
+
+
+def conv_evaluate(convset: Any, model: str, split: str) -> dict[str, dict[str, dict[str, float]]]:
+    """mode -> kind -> metric -> percent over the chosen split of the conversational set;
+    each conversation is its own memory (one index per conversation, as in use)."""
+    sums: dict[str, dict[str, dict[str, float]]] = {
+        m: {k: defaultdict(float) for k in (*CONV_KINDS, "all")} for m in CONV_MODES
+    }
+    counts: dict[str, int] = defaultdict(int)
+    for conv in convset.conversations:
+        if split != "all" and convset.held_out(conv.number) != (split == "held-out"):
+            continue
+        index = _conv_index(conv, model)
+        bm25 = _bm25(conv)
+        for q in conv.questions:
+            counts[q.kind] += 1
+            counts["all"] += 1
+            for mode in CONV_MODES:
+                if mode == "bm25":
+                    hits = bm25(q.text, max(KS))
+                else:
+                    hits = [h.slug for h in index.rank(q.text, max(KS), mode)]
+                for kind in (q.kind, "all"):
+                    for k in KS:
+                        top = set(hits[:k])
+                        sums[mode][kind][f"all@{k}"] += all(s in top for s in q.needed)
+                        sums[mode][kind][f"any@{k}"] += any(s in top for s in q.needed)
+    return {
+        mode: {
+            kind: {m: 100.0 * v / counts[kind] for m, v in sums[mode][kind].items()}
+            | {"n": float(counts[kind])}
+            for kind in (*CONV_KINDS, "all")
+            if counts[kind]
+        }
+        for mode in CONV_MODES
+    }
+
+
+def conv_table(results: dict[str, dict[str, dict[str, float]]]) -> str:
+    """Per kind: n, BM25 and recall (fused) all@10 with the ratio, any@10; then every
+    ranker's all@1/5/10."""
+    lines = [
+        "| questions | n | BM25 all@10 | recall all@10 | ratio | BM25 any@10 | recall any@10 |",
+        "|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    for kind in ("all", *CONV_KINDS):
+        b, r = results["bm25"].get(kind), results["fused"].get(kind)
+        if b is None or r is None:
+            continue
+        ratio = r["all@10"] / b["all@10"] if b["all@10"] else float("inf")
+        lines.append(
+            f"| {kind} | {int(b['n'])} | {b['all@10']:.1f} | {r['all@10']:.1f} | {ratio:.2f}x"
+            f" | {b['any@10']:.1f} | {r['any@10']:.1f} |"
+        )
+    lines += [
+        "",
+        "| kind | ranker | all@1 | all@5 | all@10 | any@10 |",
+        "|---|---|--:|--:|--:|--:|",
+    ]
+    for kind in ("all", *CONV_KINDS):
+        for mode in CONV_MODES:
+            row = results[mode].get(kind)
+            if row is not None:
+                cells = " | ".join(f"{row[m]:.1f}" for m in ("all@1", "all@5", "all@10", "any@10"))
+                lines.append(f"| {kind} | {mode} | {cells} |")
+    return "\n".join(lines)
+
+
+def conversational(argv: list[str]) -> int:
+    from bench.convset import build
+    from cli.memory.recall.dense import DEFAULT_MODEL
+
+    p = argparse.ArgumentParser(prog="python -m bench recall conv")
+    p.add_argument("--split", choices=("held-out", "tune", "all"), default="held-out")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    args = p.parse_args(argv)
+    convset = build()
+    start = time.perf_counter()
+    results = conv_evaluate(convset, args.model, args.split)
+    took = time.perf_counter() - start
+    n_turns = sum(len(c.turns) for c in convset.conversations)
+    print(
+        f"conversational set: {len(convset.conversations)} conversations, {n_turns} turns, "
+        f"{len(convset.questions)} questions; model {args.model}; split {args.split}; "
+        f"{took:.1f} s"
+    )
+    print(conv_table(results))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
     if argv[0] == "quality":
         return quality(argv[1:])
+    if argv[0] == "conv":
+        return conversational(argv[1:])
     if argv[0] == "speed":
         from bench.recallspeed import speed
 
         return speed(argv[1:])
-    print(f"unknown mode {argv[0]!r}: quality or speed", file=sys.stderr)
+    print(f"unknown mode {argv[0]!r}: quality, conv or speed", file=sys.stderr)
     return 2
 
 
