@@ -1,6 +1,6 @@
 """Charts for `bench compare` and `bench scale`, written next to bench/RESULTS.md.
 
-matplotlib is an optional extra (`pip install engram-relay[plot]`): without it every
+matplotlib is an optional extra (`pip install -e '.[plot]'` in the repository): without it every
 function here returns None and the caller says the charts were skipped; the benchmarks
 themselves never need it.
 """
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-SKIPPED = "charts skipped: matplotlib is not installed (pip install 'engram-relay[plot]')"
+SKIPPED = "charts skipped: matplotlib is not installed (pip install -e '.[plot]' in the repository)"
 
 
 def _pyplot() -> Any | None:

@@ -14,7 +14,10 @@ from relay.config import Settings
 from relay.tenants import Tenant
 
 SUPPORTED_NIPS = [1, 9, 11, 13, 40, 42, 45, 50, 62, 70, 77, 86]
-SOFTWARE = "https://pypi.org/project/engram-relay/"
+# NIP-11 asks for a URL identifying the software; engram-relay is not on PyPI and publishes
+# no public URL, so the field names the distribution (what `pip show` and the relay's page
+# name) rather than point at a package index page that does not exist.
+SOFTWARE = "engram-relay"
 
 
 def supported_nips(settings: Settings) -> list[int]:
