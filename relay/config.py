@@ -6,6 +6,7 @@ Every number here that NIP-11 can advertise is the number the relay enforces.
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
 import types
@@ -167,6 +168,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     query_timeout_seconds: float = 10.0  # statement timeout of every REQ/COUNT query
     read_concurrency: int = 4  # REQ/COUNT statements in flight at once (relay.store.readbatch)
     read_batch_max: int = 32  # concurrent REQs of one shape run as one statement, at most
+    # REQs for authors' newest events answered from memory (relay/store/readcache.py):
+    # at most this many bytes for the whole process (0: off), each author's rows read
+    # again after this many seconds (what no event announces: pruned rows)
+    read_cache_bytes: int = 64 * 1024 * 1024
+    read_cache_seconds: float = 10.0
     # Store reads (REQ/COUNT) in flight per connection and per IP (relay.readgate): a
     # client sending costly REQs back to back waits for its own, not everyone else.
     reads_per_connection: int = 4
@@ -211,28 +217,33 @@ class ConfigError(ValueError):
     """Invalid configuration; the message names the setting."""
 
 
-def _coerce(value: str, current: Any, name: str) -> Any:
-    if isinstance(current, list):  # e.g. ENGRAM_REPLICA_URLS: comma-separated
+def _coerce(value: str, tp: Any, name: str) -> Any:
+    """An environment variable's text as its setting's declared type `tp` (a list is
+    comma-separated, e.g. ENGRAM_REPLICA_URLS; a None-able setting as its type, so
+    ENGRAM_SEARCH_KINDS, unset by default, is read as a list of kinds too)."""
+    args = [a for a in (typing.get_args(tp) if _is_union(tp) else (tp,)) if a is not type(None)]
+    if len(args) == 1:
+        tp = args[0]
+    if typing.get_origin(tp) is list:
         items = [v.strip() for v in value.split(",") if v.strip()]
-        if current and all(isinstance(c, int) for c in current):  # a list of kinds
+        if typing.get_args(tp) == (int,):  # a list of kinds
             try:
                 return [int(v) for v in items]
             except ValueError as exc:
                 raise ConfigError(f"{name}: expected integers, got {value!r}") from exc
         return items
-    if isinstance(current, bool):
+    if tp is bool:
         low = value.strip().lower()
         if low in ("1", "true", "yes", "on"):
             return True
         if low in ("0", "false", "no", "off", ""):
             return False
         raise ConfigError(f"{name}: expected a boolean, got {value!r}")
-    if isinstance(current, int | float):
-        kind = type(current)
+    if tp in (int, float):
         try:
-            return kind(value)
+            return tp(value)
         except ValueError as exc:
-            raise ConfigError(f"{name}: expected {_TYPE_NAMES[kind]}, got {value!r}") from exc
+            raise ConfigError(f"{name}: expected {_TYPE_NAMES[tp]}, got {value!r}") from exc
     return value
 
 
@@ -373,6 +384,60 @@ def _check_negentropy_budget(settings: Settings) -> None:
             )
 
 
+# `ENGRAM_*` variables that other parts of the project read, not relay settings: the
+# client's identity and relays (cli.nostr.identity), the MCP server's token, the ACP
+# proxy's switch, recall's model, the review page's screenshots (tests); and the bench's
+# and the tests' own (prefixes). `unknown_variables` does not report them.
+OTHER_VARIABLES = frozenset(
+    ENV_PREFIX + name
+    for name in (
+        "PRIVATE_KEY",
+        "OWNER",
+        "RELAY",
+        "MCP_TOKEN",
+        "ACP_NO_MEMORY",
+        "RECALL_MODEL",
+        "REVIEW_SCREENSHOTS",
+    )
+)
+OTHER_PREFIXES = (ENV_PREFIX + "BENCH_", ENV_PREFIX + "TEST_")
+
+
+def _variable(field: str, sub: str | None = None) -> str:
+    """The variable of a setting: ENGRAM_<FIELD>, or ENGRAM_<TABLE>_<FIELD> in a table."""
+    return ENV_PREFIX + (f"{field}_{sub}" if sub else field).upper()
+
+
+def setting_variables() -> frozenset[str]:
+    """Every `ENGRAM_*` variable `load_settings` reads."""
+    names = {_variable("config")}
+    for f in msgspec.structs.fields(Settings):
+        if _is_table(f.type):
+            names.update(_variable(f.name, sub.name) for sub in msgspec.structs.fields(f.type))
+        else:
+            names.add(_variable(f.name))
+    return frozenset(names)
+
+
+def unknown_variables(env: typing.Mapping[str, str]) -> list[str]:
+    """One warning for each `ENGRAM_*` variable in `env` that is no setting (a misspelt
+    one is otherwise silently ignored), naming the likely intended one when one is close."""
+    known = setting_variables()
+    out = []
+    for name in sorted(env):
+        if (
+            not name.startswith(ENV_PREFIX)
+            or name in known
+            or name in OTHER_VARIABLES
+            or name.startswith(OTHER_PREFIXES)
+        ):
+            continue
+        close = difflib.get_close_matches(name, sorted(known | OTHER_VARIABLES), n=1, cutoff=0.8)
+        hint = f"; did you mean {close[0]}?" if close else " (engram config show lists them)"
+        out.append(f"environment variable {name} is not a setting and is ignored{hint}")
+    return out
+
+
 def load_settings(
     config_file: str | None = None,
     env: dict[str, str] | None = None,
@@ -393,20 +458,19 @@ def load_settings(
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"config file {config_file}: {exc}") from exc
         _check_table(data, Settings, "", config_file)
-    base = msgspec.to_builtins(Settings())
-    for field, default in base.items():
-        if isinstance(default, dict):  # a nested table: ENGRAM_<TABLE>_<FIELD>
-            table = dict(data.get(field) or {})
-            for sub, sub_default in default.items():
-                key = f"{ENV_PREFIX}{field.upper()}_{sub.upper()}"
+    for f in msgspec.structs.fields(Settings):
+        if _is_table(f.type):  # a nested table: ENGRAM_<TABLE>_<FIELD>
+            table = dict(data.get(f.name) or {})
+            for sub in msgspec.structs.fields(f.type):
+                key = _variable(f.name, sub.name)
                 if key in env:
-                    table[sub] = _coerce(env[key], sub_default, key)
+                    table[sub.name] = _coerce(env[key], sub.type, key)
             if table:
-                data[field] = table
+                data[f.name] = table
             continue
-        key = ENV_PREFIX + field.upper()
+        key = _variable(f.name)
         if key in env:
-            data[field] = _coerce(env[key], default, key)
+            data[f.name] = _coerce(env[key], f.type, key)
     for k, v in overrides.items():
         if v is not None:
             data[k] = v

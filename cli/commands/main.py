@@ -78,6 +78,7 @@ def serve(
     ] = None,
 ) -> None:
     """Run the relay (uvicorn + uvloop) on PostgreSQL; embedded PostgreSQL if no URL is set."""
+    from relay.config import unknown_variables
     from relay.identity import listen_urls, parse_public_urls, startup_note
     from relay.logs import setup_logging
     from relay.server import BindError, bind_listener, run_one, run_workers, uvicorn_options
@@ -98,6 +99,8 @@ def serve(
         typer.echo("engram: --tls-cert and --tls-key go together", err=True)
         raise typer.Exit(2)
     setup_logging(settings.log_level, settings.log_format)
+    for misspelt in unknown_variables(os.environ):  # else silently ignored
+        logging.getLogger("engram").warning("%s", misspelt)
     try:  # first: a port in use fails at once, before a database is started for nothing
         sock = bind_listener(settings.host, settings.port)
     except BindError as exc:

@@ -16,10 +16,13 @@ from cli.commands.common import ConfigOpt, settings_or_exit
 config_app = typer.Typer(help="Relay configuration.", no_args_is_help=True)
 
 MASK = "***"
-# A setting is secret when a part of its name says so (`relay_pubkey` is not: public).
+# A setting is secret when a part of its name says so (`relay_pubkey` is not: public; nor
+# `private_kinds`, a list of kinds: "private" alone names no secret, a private key has
+# "key" in its name).
 _SECRET_PARTS = frozenset(
-    {"key", "secret", "password", "passwd", "token", "private", "seckey", "nsec", "credentials"}
+    {"key", "secret", "password", "passwd", "token", "seckey", "nsec", "credentials"}
 )
+_MASKED_NOTE = "  # masked: put the secret back to use this line"
 _PATHS = frozenset({"tls_key"})  # names a PEM file: the path is shown, never the file
 _DSN_PASSWORD = re.compile(r"(?i)([?&]password=)[^&]*")
 
@@ -70,25 +73,27 @@ def _toml_value(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)  # strings and lists: valid TOML as well
 
 
+def _toml_line(name: str, value: Any) -> str:
+    if value is None:
+        return f"# {name} = (unset)"
+    text = _toml_value(value)
+    return f"{name} = {text}" + (_MASKED_NOTE if MASK in text else "")
+
+
 def to_toml(data: dict[str, Any]) -> str:
-    """TOML text of the settings; unset (None) values appear as comments."""
+    """TOML text of the settings, which `--config` reads back as they are (a masked
+    secret is marked so on its line); unset (None) values appear as comments."""
     lines: list[str] = []
     tables: list[tuple[str, dict[str, Any]]] = []
     for name, value in data.items():
         if isinstance(value, dict):
             tables.append((name, value))
-        elif value is None:
-            lines.append(f"# {name} = (unset)")
         else:
-            lines.append(f"{name} = {_toml_value(value)}")
+            lines.append(_toml_line(name, value))
     for table, values in tables:
         lines.append("")
         lines.append(f"[{table}]")
-        for name, value in values.items():
-            if value is None:
-                lines.append(f"# {name} = (unset)")
-            else:
-                lines.append(f"{name} = {_toml_value(value)}")
+        lines.extend(_toml_line(name, value) for name, value in values.items())
     return "\n".join(lines) + "\n"
 
 
