@@ -346,3 +346,58 @@ async def test_bad_filter_or_direction_is_a_clear_error(args: tuple[str, ...], w
     err = done.stderr.decode()
     assert done.returncode == 1, err
     assert err.startswith("engram: ") and words in err and err.count("\n") == 1
+
+
+async def test_a_memory_filter_without_authors_says_to_name_them(start_relay, tmp_path) -> None:
+    """The read gate serves kind 30174 only to its author or owner, so a filter that names
+    neither is refused even with the agent's key: the error says what to add (issue 46)."""
+    src, dst = start_relay(), start_relay()
+    await publish(src.url, ae_events())
+    key = tmp_path / "agent.key"
+    key.write_text(SECKEY_A.hex())
+    agent = pub(SECKEY_A)
+    flt = json.dumps({"kinds": [30174]})
+    done = await engram_async(
+        "sync",
+        "--from",
+        src.url,
+        "--to",
+        dst.url,
+        "--filter",
+        flt,
+        "--key-file",
+        str(key),
+        env=clean_env(),
+    )
+    err = done.stderr.decode()
+    assert done.returncode == 3, err
+    assert "restricted:" in err  # the relay's own answer stays in the message
+    assert f'"authors": ["{agent}"]' in err and "#p" in err, err
+    assert await ids_on(dst.url, {"kinds": [30174], "authors": [agent]}, SECKEY_A) == set()
+
+
+async def test_a_refusal_of_a_filter_naming_authors_gives_no_authors_hint(
+    start_relay, tmp_path
+) -> None:
+    """The negative twin: another key's memory, asked for by its author, is refused as
+    before, without advice to name authors the filter already names."""
+    src, dst = start_relay(), start_relay()
+    await publish(src.url, ae_events())
+    key = tmp_path / "other.key"
+    key.write_text(os.urandom(32).hex())
+    flt = json.dumps({"kinds": [30174], "authors": [pub(SECKEY_A)]})
+    done = await engram_async(
+        "sync",
+        "--from",
+        src.url,
+        "--to",
+        dst.url,
+        "--filter",
+        flt,
+        "--key-file",
+        str(key),
+        env=clean_env(),
+    )
+    err = done.stderr.decode()
+    assert done.returncode == 3, err
+    assert "restricted:" in err and "name the authors" not in err, err

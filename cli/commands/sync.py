@@ -25,6 +25,7 @@ from cli.nostr.reconcile import (
     reconcile,
     sync_relays,
 )
+from engram.nip01 import pubkey_of
 
 __all__ = ["Peer", "reconcile", "sync_command", "sync_relays"]
 
@@ -66,6 +67,23 @@ def _print_summary(s: SyncSummary, from_url: str, to_url: str) -> None:
     typer.echo(f"copied: {s.copied_up} up, {s.copied_down} down")
     refused = ", ".join(f"{k}: {v}" for k, v in sorted(s.refused.items())) or "none"
     typer.echo(f"refused: {refused}")
+
+
+def _gate_hint(refusal: str, flt: dict, seckey: bytes | None) -> str:
+    """What to add when the relay's read gate refused a filter that names no reader.
+
+    Agent memory (30174 and its history kinds) and the relay's private kinds (direct
+    messages, gift wraps) are served only to a connection AUTHed as their author or
+    recipient, and only for a filter that asks for that key's own (`authors` or `#p`): the
+    relay's `restricted:` answer says who may read, this says what the filter lacks."""
+    if "restricted:" not in refusal or seckey is None or "authors" in flt or "#p" in flt:
+        return ""
+    me = pubkey_of(seckey)
+    return (
+        "; name the authors (your own key) in the filter: agent memory and private kinds"
+        f' are served only to their author or recipient: add "authors": ["{me}"] (what this'
+        f' key wrote) or "#p": ["{me}"] (what was addressed to it)'
+    )
 
 
 def _fail(message: str, code: int, bar: _Bar | None = None) -> typer.Exit:
@@ -135,7 +153,7 @@ def sync_command(
     except BadInputError as exc:
         raise _fail(str(exc), 1, bar) from exc
     except AuthError as exc:
-        raise _fail(str(exc), 3, bar) from exc
+        raise _fail(str(exc) + _gate_hint(str(exc), flt, seckey), 3, bar) from exc
     except (RelayError, TimeoutError, OSError) as exc:
         raise _fail(str(exc) or "timed out waiting for a relay", 2, bar) from exc
     bar.close()
