@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=10_000, help="kind-1 events per round")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="engram-soak-"))
+    (workdir / "data").mkdir()  # a --data-dir must exist (a new database is made there)
     relay = start_engram(
         workdir, ["--data-dir", str(workdir / "data")], {"ENGRAM_LOG_LEVEL": "warning"}
     )

@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     flt, events = _burst(args.events, args.size)
     workdir = Path(tempfile.mkdtemp(prefix="engram-stalled-"))
+    (workdir / "data").mkdir()  # a --data-dir must exist (a new database is made there)
     relay = start_engram(workdir, ["--data-dir", str(workdir / "data")], env)
     socks: list[socket.socket] = []
     try:

@@ -37,6 +37,10 @@ def resolve_database_url(settings: Settings) -> tuple[str, object | None]:
     """
     if settings.database_url:
         return settings.database_url, None
-    from relay.store.embedded import start_embedded
+    from relay.store.embedded import MissingDataDir, start_embedded
 
-    return start_embedded(settings.data_dir)
+    try:
+        return start_embedded(settings.data_dir)
+    except MissingDataDir as exc:  # a mistyped --data-dir: nothing is created
+        typer.echo(f"engram: {exc}", err=True)
+        raise typer.Exit(2) from exc

@@ -219,12 +219,36 @@ async def ensure_database(server_dsn: str, database: str) -> None:
         await conn.close()
 
 
+class MissingDataDir(ValueError):
+    """A data directory named explicitly (`--data-dir`, ENGRAM_DATA_DIR) that does not
+    exist: a mistyped path would otherwise start a new, empty database there."""
+
+
+def data_dir_of(data_dir: str | None) -> Path:
+    """The relay's data directory: the one named, which must exist (MissingDataDir says
+    how to create it), else the default, created on the first run (`engram serve`
+    right after installing works)."""
+    if not data_dir:
+        return default_data_dir()
+    base = Path(data_dir)
+    if base.is_dir() or base.absolute() == default_data_dir().absolute():
+        return base
+    what = "is not a directory" if base.exists() else "does not exist"
+    raise MissingDataDir(
+        f"data directory {data_dir} {what}: is it mistyped? A new embedded database is"
+        f" started only in a directory that exists: to start one there, create it"
+        f" first (mkdir -p {data_dir}), or leave --data-dir and ENGRAM_DATA_DIR unset for"
+        f" the default ({default_data_dir()})"
+    )
+
+
 def start_embedded(data_dir: str | None, database: str = DEFAULT_DATABASE) -> tuple[str, Any]:
     """Start the embedded server and make sure `database` exists.
 
     Args:
         data_dir: the relay's data directory; the cluster lives in `<data_dir>/pgdata`.
-            None means `platformdirs.user_data_dir("engram-relay")`.
+            None means `platformdirs.user_data_dir("engram-relay")`. One named must
+            exist (MissingDataDir otherwise; `data_dir_of`).
         database: database to create if missing.
 
     Returns:
@@ -232,7 +256,7 @@ def start_embedded(data_dir: str | None, database: str = DEFAULT_DATABASE) -> tu
         and the server handle; the server is stopped when this process exits. Keep the
         handle referenced while the relay runs.
     """
-    base = Path(data_dir) if data_dir else default_data_dir()
+    base = data_dir_of(data_dir)
     server = start_server(base / "pgdata", cleanup_mode="stop")
     # Synchronous API, but callers may already run an event loop: use a private one in
     # a worker thread either way.
