@@ -136,6 +136,24 @@ async def every_page(review: ReviewProcess) -> dict[str, str]:
     return pages
 
 
+def stand_in_browser(where: Path) -> tuple[Path, Path]:
+    """An executable for `BROWSER` that records its argv (one argument a line) and exits:
+    what every account on the machine could read in /proc/PID/cmdline. (script, record)."""
+    record = where / "browser-argv"
+    script = where / "stand-in-browser"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"printf '%s\\n' \"$0\" \"$@\" > '{record}.tmp' && mv '{record}.tmp' '{record}'\n"
+    )
+    script.chmod(0o700)
+    return script, record
+
+
+def launch_links(text: str) -> list[str]:
+    """The one-time launch links in `text` (an argv record, the server's stderr)."""
+    return re.findall(r"http://127\.0\.0\.1:\d+/launch/[A-Za-z0-9_-]+", text)
+
+
 @contextlib.asynccontextmanager
 async def refusing_relay(upstream: str, port: int = 0) -> AsyncIterator[str]:
     """A relay in front of `upstream` that answers every EVENT `OK false` (REFUSAL) and

@@ -33,8 +33,14 @@ from cli_support import ENGRAM, ROOT, Keys, engram_async, shared_relay
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from playwright.async_api import Browser, Locator, Page, async_playwright
-from relay_fixtures import RelayProcess
-from review_support import ReviewProcess, every_page, review_server
+from relay_fixtures import RelayProcess, until
+from review_support import (
+    ReviewProcess,
+    every_page,
+    launch_links,
+    review_server,
+    stand_in_browser,
+)
 
 from cli.memory import AgentMemory
 from cli.nostr.identity import load_identity
@@ -426,3 +432,39 @@ async def test_refused_without_token_or_from_another_origin(
     # ... and the memory is still there
     await page.goto(review.at("m/mem/people/alice"))
     assert await page.locator("#value").count() == 1
+
+
+async def test_open_launches_the_browser_once_on_a_cookie(
+    page: Page, relay: RelayProcess, keys: Keys, agent: AgentMemory, tmp_path: Path, shots: Path
+) -> None:
+    """`--open` (through a stand-in `BROWSER` that records its argv): the link it was given
+    holds no token; Chromium following it lands on the page, keeps its session in the
+    cookie through links and a form, and the same link a second time is refused."""
+    script, record = stand_in_browser(tmp_path)
+    env = keys.owner_env(relay.url) | {"BROWSER": str(script)}
+    async with review_server(
+        env, "--open", "--agent", keys.agent, log_dir=tmp_path, state_dir=tmp_path
+    ) as server:
+        await until(record.exists, "the stand-in browser ran")
+        assert server.token not in record.read_text()
+        (link,) = launch_links(record.read_text())
+        opened = await page.goto(link)
+        assert opened is not None and opened.status == 200
+        assert page.url == server.origin + "/"  # no token in the address bar either
+        await page.get_by_role("link", name="mem/projects/atlas").click()
+        await page.wait_for_url(server.origin + "/m/mem/projects/atlas")
+        assert "Atlas: a map" in await page.locator("#value").inner_text()
+        await page.locator("#value-edit").fill("Atlas: a map of everything, corrected.")
+        await page.get_by_role("button", name="Preview the correction").click()
+        assert (
+            "+Atlas: a map of everything, corrected."
+            in await page.locator("#diff span.add").all_inner_texts()
+        )  # a POST on the cookie, with its CSRF field
+        cookies = await page.context.cookies()
+        (cookie,) = [c for c in cookies if c["name"] == f"engram_review_{server.port}"]
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert cookie["domain"] == "127.0.0.1" and cookie["path"] == "/"
+        again = await page.goto(link)
+        assert again is not None and again.status == 403
+        assert "used already" in await page.inner_text("body")
+        await shot(page, shots, "15-launch-link-used")

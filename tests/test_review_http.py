@@ -15,8 +15,15 @@ from pathlib import Path
 import httpx
 import pytest
 from cli_support import Keys, closed_port, shared_relay
-from relay_fixtures import RelayProcess, free_port, proxied_env
-from review_support import REFUSAL, ReviewProcess, refusing_relay, review_server
+from relay_fixtures import RelayProcess, free_port, proxied_env, until
+from review_support import (
+    REFUSAL,
+    ReviewProcess,
+    launch_links,
+    refusing_relay,
+    review_server,
+    stand_in_browser,
+)
 
 from cli.memory import AgentMemory, NotFoundError
 from cli.memory.review.guard import CSP
@@ -154,6 +161,68 @@ async def test_other_host_origin_or_site_is_refused(
     same = {"Origin": review.origin, "Sec-Fetch-Site": "same-origin"}
     assert (await http.get(url, headers=same)).status_code == 200
     assert (await http.get(url, headers={"Sec-Fetch-Site": "none"})).status_code == 200
+
+
+async def test_open_gives_the_browser_a_one_time_link_never_the_token(
+    relay: RelayProcess, keys: Keys, seeded: AgentMemory, tmp_path: Path
+) -> None:
+    """`--open` starts `BROWSER` (here a stand-in that records its argv, as `ps` shows it
+    to every account) with a launch link: no token in it, good for one use, after which the
+    browser holds an HttpOnly, SameSite=Strict cookie the page takes instead of the token.
+    Every other check of the door holds for the cookie; the printed URL keeps working."""
+    script, record = stand_in_browser(tmp_path)
+    env = keys.agent_env(relay.url) | {"BROWSER": str(script)}
+    async with review_server(
+        env, "--open", log_dir=tmp_path, state_dir=tmp_path / "data"
+    ) as server:
+        await until(record.exists, "the stand-in browser ran")
+        argv = record.read_text()
+        assert server.token not in argv
+        links = launch_links(argv)
+        assert len(links) == 1 and links[0].startswith(server.origin + "/launch/"), argv
+        async with httpx.AsyncClient(timeout=120) as browser:
+            first = await browser.get(links[0])
+            assert first.status_code == 303 and first.headers["location"] == "/"
+            cookie = first.headers["set-cookie"]
+            attributes = {a.strip().lower() for a in cookie.split(";")[1:]}
+            assert attributes == {"path=/", "httponly", "samesite=strict"}  # host-only
+            name, value = cookie.split(";")[0].split("=", 1)
+            assert value == server.token and name == f"engram_review_{server.port}"
+            page = await browser.get(server.origin + "/")  # the client's jar sends it
+            assert page.status_code == 200 and "mem/people/alice" in page.text
+            assert 'href="/m/mem/people/alice"' in page.text  # links stay on the cookie
+            bob = await browser.get(server.origin + "/m/mem/people/bob")
+            assert bob.status_code == 200 and "Bob: orphan" in bob.text
+            # an action on the cookie: its CSRF field is still needed, and works
+            target = server.origin + "/act/preview/mem/people/bob"
+            fields = form_of(bob.text, "/act/preview/mem/people/bob") | {"value": "x"}
+            no_csrf = {k: v for k, v in fields.items() if k != "csrf"}
+            assert (await browser.post(target, data=no_csrf)).status_code == 403
+            assert (await browser.post(target, data=fields)).status_code == 200
+            evil = {"Origin": "http://evil.example"}
+            assert (await browser.post(target, data=fields, headers=evil)).status_code == 403
+            for headers in ({"Host": "localhost:" + str(server.port)}, evil,
+                            {"Sec-Fetch-Site": "cross-site"}):  # fmt: skip
+                r = await browser.get(server.origin + "/", headers=headers)
+                assert r.status_code == 403 and "Lisbon" not in r.text, headers
+            # the link is spent: a second use is refused and sets nothing
+            again = await browser.get(links[0])
+            assert again.status_code == 403 and "used already" in again.text
+            assert "set-cookie" not in again.headers
+        async with httpx.AsyncClient(timeout=120) as stranger:  # no cookie, or a wrong one
+            for jar in ("", f"{name}={'x' * len(value)}", f"engram_review_1={value}"):
+                r = await stranger.get(server.origin + "/", headers={"Cookie": jar})
+                assert r.status_code == 403 and "Lisbon" not in r.text, jar
+            r = await stranger.get(links[0])
+            assert r.status_code == 403 and "set-cookie" not in r.headers
+            # the printed URL still works, and stderr names another link, good once too
+            assert (await stranger.get(server.url)).status_code == 200
+            await until(lambda: launch_links(server.log()), "the server named its link")
+            printed = launch_links(server.log())
+            assert len(printed) == 1 and printed[0] != links[0]
+            assert (await stranger.get(printed[0])).status_code == 303
+            assert (await stranger.get(printed[0])).status_code == 403
+            assert (await stranger.get(server.origin + "/launch/x")).status_code == 403
 
 
 async def test_headers_forbid_script_framing_and_remote_content(

@@ -12,7 +12,7 @@ from typing import Any
 from cli.memory.api import Log, SetReport, VersionInfo, sha256_hex
 from cli.memory.review.diffs import diff_lines, normalize_newlines
 from cli.memory.review.graph import BOX_W, COL_GAP, layout
-from cli.memory.review.guard import Csrf
+from cli.memory.review.guard import LAUNCH_KEEP, LAUNCH_TTL, Csrf, Guard
 from cli.memory.review.listing import ListQuery, select
 from cli.memory.review.snapshot import Row, Snapshot
 from cli.memory.review.timeline import build, compare
@@ -139,6 +139,34 @@ def test_csrf_fields_are_per_action_and_per_server() -> None:
     assert not one.valid("/act/remove/mem/x", token)
     assert not two.valid("/act/save/mem/x", token)
     assert not one.valid("/act/save/mem/x", None) and not one.valid("/act/save/mem/x", "")
+
+
+def test_launch_links_work_once_within_their_time() -> None:
+    now = [1000.0]
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        return None
+
+    guard = Guard(app, "t" * 43, "127.0.0.1:5000", clock=lambda: now[0])
+
+    def code(link: str) -> str:
+        assert link.startswith("http://127.0.0.1:5000/launch/") and "t" * 43 not in link
+        return link.rsplit("/", 1)[1]
+
+    first, second, late = (code(guard.launch_link()) for _ in range(3))
+    assert first != second
+    assert guard.launch(first) is None  # once ...
+    assert "used already" in (guard.launch(first) or "")  # ... and never again
+    now[0] += LAUNCH_TTL - 1
+    assert guard.launch(second) is None
+    now[0] += 2  # `late` is older than LAUNCH_TTL now
+    assert "used already, or is older than" in (guard.launch(late) or "")
+    assert "not known" in (guard.launch("x" * 43) or "")
+    assert "not known" in (guard.launch("ü") or "")  # not ASCII: refused, not an error
+    # waiting codes are bounded: the oldest goes
+    codes = [code(guard.launch_link()) for _ in range(LAUNCH_KEEP + 1)]
+    assert guard.launch(codes[0]) is not None
+    assert guard.launch(codes[-1]) is None
 
 
 def test_list_filters_and_the_view_of_memories_that_are_not_live() -> None:

@@ -1,8 +1,10 @@
 """Serving the review app: loopback only, a free port, a fresh token, an idle timeout.
 
 `serve()` binds 127.0.0.1 on a port the system picks, announces the URL (with its token)
-through `announce`, and runs uvicorn until Ctrl-C / SIGTERM or until `idle_timeout`
-seconds pass without a request that got through the door. Then the visit mark is saved.
+and a maker of one-time launch links (`guard.Guard.launch_link`: for anything that puts
+the link on a command line, such as a browser it starts) through `announce`, and runs
+uvicorn until Ctrl-C / SIGTERM or until `idle_timeout` seconds pass without a request
+that got through the door. Then the visit mark is saved.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def bind_loopback() -> socket.socket:
 
 async def serve(
     memory: AgentMemory,
-    announce: Callable[[str], None],
+    announce: Callable[[str, Callable[[], str]], None],
     idle_timeout: float | None,
     state_dir: Path | None = None,
 ) -> Stopped:
@@ -78,7 +80,7 @@ async def serve(
                 return
             await asyncio.sleep(min(idle_timeout - idle, 1.0) + 0.01)
 
-    announce(f"http://{LOOPBACK}:{port}/t/{token}/")
+    announce(f"http://{LOOPBACK}:{port}/t/{token}/", guard.launch_link)
     watcher = asyncio.create_task(watch_idle()) if idle_timeout else None
     try:
         await server.serve(sockets=[sock])
