@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "recall": "recall quality (held-out questions) and speed/size at 1k, 10k, 100k memories",
     "abuse": "other clients' EVENT and REQ latency under a live-search flood and 41 KB tag REQs",
     "tagvalues": "a REQ's latency by how many tag values it names (16, 256, 1,024)",
+    "prefill": "a kept store of N events that compare --prefill N starts ours from",
 }
 
 USAGE = (

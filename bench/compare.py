@@ -11,14 +11,22 @@ starts at: a run that starts on a busy machine is not a result. Prints a table p
 then ours/peer for every figure (ops/s: above 1 is ours faster; every other figure: below
 1 is ours better).
 
+`--profile` picks the load (bench/workload.py): `standard` (a burst of every phase),
+`sustained` (issue 47: 200,000 realistic kind-1 EVENTs, figures per 100k answers) or
+`reads` (issue 48: 40,000 notes stored, REQs 8 x 8 and a probe 8 x 1); the last two run
+ours and nostr-sdk's LocalRelay unless `--relays` says otherwise. `--prefill N` starts ours
+on a copy of a kept store of N events (bench/prefill.py; the peers start empty).
+
 `--results bench/RESULTS.md` rewrites the generated part of that file (between its
-`<!-- compare:begin -->` and `<!-- compare:end -->` markers) with this run.
+`<!-- compare:begin -->` and `<!-- compare:end -->` markers) with this run; `--json FILE`
+writes every figure of every round (what `bench ab` reads).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
 import shlex
@@ -29,27 +37,47 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
-from bench import charts
+from bench import charts, prefill
 from bench.events import Keyring, load_events
 from bench.lanes import CLIENTS, raise_fd_limit, run_async
-from bench.peers import RELAYS, PeerError, Postgres, RelaySpec
+from bench.peers import RELAYS, PeerError, Postgres, RelaySpec, stored_events
 from bench.results import (
+    CHUNK_FIGURES,
     FIGURES,
     HIGHER_IS_BETTER,
     PhaseResult,
     fmt,
     machine,
+    phase_json,
     phase_title,
     write_results,
 )
-from bench.workload import Profile, add_profile_args, fanout_count, profile_from_args, run_load
+from bench.workload import (
+    Profile,
+    add_profile_args,
+    fanout_count,
+    kind1_events,
+    profile_from_args,
+    run_load,
+)
 
 BEGIN, END = "<!-- compare:begin -->", "<!-- compare:end -->"
 DEFAULT_RELAYS = ("ours", "nostr-relay-sqlite", "nostr-relay-pg", "nostr-sdk")
+# the long profiles: ours and LocalRelay (nostr-relay's 600 EVENTs/s would take minutes)
+PROFILE_RELAYS = {"sustained": ("ours", "nostr-sdk"), "reads": ("ours", "nostr-sdk")}
+
+
+@dataclass
+class Prefill:
+    """The kept store ours starts from (`--prefill`): its size, corpus and seed."""
+
+    size: int = 0
+    corpus: str = "realistic"
+    seed: int = 1
 
 
 # The figures shown round by round under each phase's medians: one bad round is a finding.
@@ -67,6 +95,7 @@ class RelayRuns:
     rounds: list[list[PhaseResult]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     loads: list[float] = field(default_factory=list)  # 1-minute load average before each run
+    stored: list[int] = field(default_factory=list)  # ours: events stored after each run
 
     @property
     def label(self) -> str:
@@ -90,6 +119,36 @@ class RelayRuns:
             out.append(fmt(v, figure))
         return " / ".join(out)
 
+    def chunk_medians(self, phase: str) -> list[tuple[str, dict[str, float | None]]]:
+        """Each chunk of the phase (by position) with the median of each figure over the
+        rounds that reached it."""
+        per_round = [r.chunks for results in self.rounds for r in results if r.phase == phase]
+        out = []
+        for i in range(max((len(c) for c in per_round), default=0)):
+            reached = [chunks[i] for chunks in per_round if len(chunks) > i]
+            figures = [c.figures() for c in reached]
+            medians = {}
+            for f in CHUNK_FIGURES:
+                values = [x[f] for x in figures if x[f] is not None]
+                medians[f] = statistics.median(values) if values else None
+            out.append((reached[0].label(), medians))
+        return out
+
+    def to_json(self, phases: list[str]) -> dict[str, object]:
+        return {
+            "label": self.label,
+            "problem": self.problem,
+            "failures": self.failures,
+            "loads": self.loads,
+            "stored": self.stored,
+            "rounds": [[phase_json(r) for r in results] for results in self.rounds],
+            "medians": {p: {f: self.median(p, f) for f in FIGURES} for p in phases},
+            "chunk_medians": {
+                p: [{"chunk": label, "figures": m} for label, m in self.chunk_medians(p)]
+                for p in phases
+            },
+        }
+
     def reasons(self, phase: str) -> tuple[Counter[str], Counter[str]]:
         errors: Counter[str] = Counter()
         notes: Counter[str] = Counter()
@@ -108,8 +167,10 @@ def run_compare(
     say: Callable[[str], None] = print,
     keep_logs: bool = False,
     settle_seconds: float = 0.0,
-) -> tuple[list[RelayRuns], str]:
-    """Prepare, then run every relay once per round; returns the runs and the PG settings."""
+    filled: Prefill | None = None,
+) -> tuple[list[RelayRuns], str, prefill.Filled | None]:
+    """Prepare, then run every relay once per round; returns the runs, the PG settings
+    and, with `filled.size`, the kept store ours started from."""
     runs = [RelayRuns(k, RELAYS[k]) for k in keys]
     for run in runs:
         try:
@@ -117,18 +178,17 @@ def run_compare(
         except PeerError as exc:
             run.problem = f"not installed: {exc}"
             say(f"{run.spec.name}: {run.problem}")
-    warm = Keyring(profile.seed)
-    load_events("kind1", profile.events, warm)
-    load_events("engram", profile.engrams, warm)
-    for s in profile.subscribers:
-        load_events("fanout", fanout_count(profile), warm, variant=str(s))
-    _ = warm.d_tags
+    _events_ready(profile)
     root = Path(tempfile.mkdtemp(prefix="engram-bench-compare-"))
     pg: Postgres | None = None
     pg_settings = ""
+    store: prefill.Filled | None = None
     if any(r.spec.needs_postgres and not r.problem for r in runs):
         try:
-            pg = Postgres(root)
+            if filled is not None and filled.size and "ours" in keys:
+                pg, store = prefill.open_store(filled.corpus, filled.seed, filled.size, say)
+            else:
+                pg = Postgres(root)
             pg_settings = pg.settings()
         except Exception as exc:
             for r in runs:
@@ -152,7 +212,22 @@ def run_compare(
             say(f"relay logs kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
-    return runs, pg_settings
+    return runs, pg_settings, store
+
+
+def _events_ready(profile: Profile) -> None:
+    """Sign (or read from the cache) what the phases send, once, before any relay runs."""
+    warm = Keyring(profile.seed)
+    phases = profile.phases
+    if "kind1" in phases:
+        kind1_events(profile, warm)
+    if "engram" in phases:
+        load_events("engram", profile.engrams, warm)
+    if "fanout" in phases:
+        for s in profile.subscribers:
+            load_events("fanout", fanout_count(profile), warm, variant=str(s))
+    if "head" in phases:
+        _ = warm.d_tags
 
 
 # A run that starts on a busy machine is not a result (bench/RESULTS.md): before each
@@ -192,9 +267,13 @@ def _one(
         say(f"  {run.failures[-1]}")
         return
     try:
-        p = Profile(**{**profile.__dict__, "events_per_conn": relay.events_per_conn})
+        # a peer that needs fresh connections (LocalRelay) gets them, within the profile's
+        per_conn = [n for n in (profile.events_per_conn, relay.events_per_conn) if n]
+        p = Profile(**{**profile.__dict__, "events_per_conn": min(per_conn, default=0)})
         results = run_async(run_load(relay.url, p, relay.pid, relay.pg_pid, say))
         run.rounds.append(results)
+        if relay.dsn:
+            run.stored.append(stored_events(relay.dsn))
         if relay.proc.poll() is not None:
             run.failures.append(f"exited during the run: {relay.log_tail(5)}")
     except Exception as exc:
@@ -243,7 +322,9 @@ def report(runs: list[RelayRuns], profile: Profile, rounds: int) -> str:
         extra = "".join(f"; {' '.join(f.split())[:300]}" for f in r.failures)
         loads = " / ".join(f"{x:.2f}" for x in r.loads)
         load_note = f"; load average before each round: {loads}" if loads else ""
-        lines.append(f"- {r.label}, store: {r.spec.store}: {status}{load_note}{extra}")
+        stored = " / ".join(f"{x:,}" for x in r.stored)
+        stored_note = f"; events stored at the end of each round: {stored}" if stored else ""
+        lines.append(f"- {r.label}, store: {r.spec.store}: {status}{load_note}{stored_note}{extra}")
     ours = next((r for r in ok if r.key == "ours"), None)
     peers = [r for r in ok if r.key != "ours"]
     for phase in profile.phase_names():
@@ -268,6 +349,7 @@ def report(runs: list[RelayRuns], profile: Profile, rounds: int) -> str:
         lines.append("")
         rows = [[r.label, *(r.per_round(phase, f) for f in ROUND_FIGURES)] for r in ok]
         lines += _table(["relay (each round)", *ROUND_FIGURES], rows)
+        lines += _chunk_table(ok, phase)
         reasons = []
         for r in ok:
             errors, notes = r.reasons(phase)
@@ -280,28 +362,48 @@ def report(runs: list[RelayRuns], profile: Profile, rounds: int) -> str:
     return "\n".join(lines)
 
 
-def header(argv: list[str], profile: Profile, rounds: int, pg_settings: str) -> str:
+def _chunk_table(ok: list[RelayRuns], phase: str) -> list[str]:
+    """Each relay's figures per chunk of answers (medians over the rounds), if measured."""
+    rows = [
+        [r.label, label, *(fmt(m[f], f) for f in CHUNK_FIGURES)]
+        for r in ok
+        for label, m in r.chunk_medians(phase)
+    ]
+    if not rows:
+        return []
+    return [
+        "",
+        "By chunk of answers, in answer order (medians over the rounds):",
+        "",
+        *_table(["relay", "answers", *CHUNK_FIGURES], rows),
+    ]
+
+
+def header(
+    argv: list[str],
+    profile: Profile,
+    rounds: int,
+    pg_settings: str,
+    store: prefill.Filled | None = None,
+) -> str:
     libs = ", ".join(f"{n} {version(n)}" for n in ("msgspec", "uvicorn", "websockets", "asyncpg"))
     cmd = "python -m bench compare" + ("" if not argv else " " + shlex.join(argv))
-    subs = ",".join(map(str, profile.subscribers))
-    return "\n".join(
-        [
-            f"- command: `{cmd}`",
-            f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-            f"- machine: {machine()}",
-            f"- python: {platform.python_version()} ({platform.python_implementation()}); {libs}",
-            f"- postgres: {pg_settings or 'not used'}",
-            f"- profile: ingest {profile.events} kind-1 + {profile.engrams} engram EVENTs,"
-            f" {profile.connections} connections x {profile.window} in flight; {profile.reqs}"
-            f" REQ + {profile.heads} head fetches, {profile.req_connections} connections x"
-            f" {profile.req_window} in flight; fan-out to {subs} subscribers at"
-            f" {profile.fanout_rate:g} events/s for {profile.fanout_seconds:g} s;"
-            f" {rounds} rounds, medians; load generator: {profile.client} client"
-            f" ({_writes(profile)});"
-            " CPU counts the relay's process tree and its PostgreSQL's; `cores` is CPU"
-            " seconds over the phase's wall seconds",
-        ]
-    )
+    lines = [
+        f"- command: `{cmd}`",
+        f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- machine: {machine()}",
+        f"- python: {platform.python_version()} ({platform.python_implementation()}); {libs}",
+        f"- postgres: {pg_settings or 'not used'}",
+        f"- profile {profile.describe()}; {rounds} rounds, medians; load generator:"
+        f" {profile.client} client ({_writes(profile)}); CPU counts the relay's process tree"
+        " and its PostgreSQL's; `cores` is CPU seconds over the phase's wall seconds",
+    ]
+    root = os.environ.get("ENGRAM_BENCH_RELAY_ROOT")
+    if root:
+        lines.append(f"- ours: the relay of {root} (ENGRAM_BENCH_RELAY_ROOT)")
+    if store is not None:
+        lines.append(f"- prefill: {store.describe()}")
+    return "\n".join(lines)
 
 
 def _writes(profile: Profile) -> str:
@@ -318,8 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--relays",
-        default=",".join(DEFAULT_RELAYS),
-        help=f"comma-separated subset of {','.join(RELAYS)}",
+        help=f"comma-separated subset of {','.join(RELAYS)} (default: all of them; with"
+        " --profile sustained or reads: ours,nostr-sdk)",
     )
     p.add_argument("--rounds", type=int, default=2, help="rounds (medians are reported)")
     p.add_argument("--results", type=Path, help="write the tables into this markdown file")
@@ -331,29 +433,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="before each relay's run, wait up to this many seconds for the 1-minute load"
         f" average to fall below {QUIET_LOAD} (0: do not wait); the value is reported",
     )
+    p.add_argument("--json", type=Path, help="write every figure of every round into this file")
     add_profile_args(p)
+    prefill.add_prefill_args(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    keys = [k for k in args.relays.split(",") if k]
+    profile = profile_from_args(args)
+    default = PROFILE_RELAYS.get(profile.name, DEFAULT_RELAYS)
+    keys = [k for k in (args.relays or ",".join(default)).split(",") if k]
     unknown = [k for k in keys if k not in RELAYS]
     if unknown:
         print(f"unknown relay(s): {', '.join(unknown)}; known: {', '.join(RELAYS)}")
         return 2
-    profile = profile_from_args(args)
+    if args.prefill < 0:
+        print("--prefill: a number of events, 0 or more")
+        return 2
     raise_fd_limit()  # inherited by the relays: 1,000 subscribers need descriptors
     t0 = time.monotonic()
-    runs, pg_settings = run_compare(
-        keys, profile, max(1, args.rounds), keep_logs=args.keep_logs, settle_seconds=args.settle
+    runs, pg_settings, store = run_compare(
+        keys,
+        profile,
+        max(1, args.rounds),
+        keep_logs=args.keep_logs,
+        settle_seconds=args.settle,
+        filled=Prefill(args.prefill, args.prefill_corpus, args.prefill_seed),
     )
     text = (
-        header(argv, profile, args.rounds, pg_settings)
+        header(argv, profile, args.rounds, pg_settings, store)
         + "\n\n"
         + report(runs, profile, args.rounds)
     )
+    if args.json:
+        write_json(args.json, argv, profile, runs, store)
     print()
     print(text)
     print(f"\n(compare took {time.monotonic() - t0:.0f} s)")
@@ -367,6 +482,25 @@ def main(argv: list[str] | None = None) -> int:
         write_results(args.results, text, BEGIN, END)
         print(f"wrote {args.results}")
     return 0 if any(r.rounds for r in runs) else 1
+
+
+def write_json(
+    path: Path,
+    argv: list[str],
+    profile: Profile,
+    runs: list[RelayRuns],
+    store: prefill.Filled | None,
+) -> None:
+    """Every figure of every round, each relay's medians and chunk medians, as JSON."""
+    phases = profile.phase_names()
+    data = {
+        "command": ["compare", *argv],
+        "relay_root": os.environ.get("ENGRAM_BENCH_RELAY_ROOT") or "",
+        "profile": asdict(profile),
+        "prefill": asdict(store) if store is not None else None,
+        "relays": {r.key: r.to_json(phases) for r in runs},
+    }
+    path.write_text(json.dumps(data, indent=1) + "\n")
 
 
 def write_charts(runs: list[RelayRuns], profile: Profile, directory: Path) -> list[Path]:

@@ -22,12 +22,18 @@ they are made once and cached under bench/.cache/ (or $ENGRAM_BENCH_CACHE), one 
 loaded chunk, keyed by corpus, seed, sizes and chunk. created_at runs 10 s apart from a
 fixed date in 2020 (10M events end in 2023), regular events jittered by up to 5 minutes,
 so cached events never become future events and a relay with default limits takes them.
+
+`live_notes` makes the realistic kind-1 traffic of `bench compare`/`load --content
+realistic`: notes of bench.events' 1,000 authors with ~200-byte contents of the same Zipf
+vocabulary and one `t` tag of its hashtags, timed over the days before today as live
+traffic arrives (signed and cached the same way, one file per day).
 """
 
 from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import contextlib
 import hashlib
 import itertools
 import math
@@ -42,7 +48,7 @@ from typing import Any
 
 import msgspec
 
-from bench.events import EventSet, cache_dir
+from bench.events import EventSet, Keyring, base_time, cache_dir
 from engram.kinds import is_regular
 from engram.nip01 import event_id, pubkey_of, sign_event
 
@@ -61,6 +67,8 @@ BASE_TIME = 1_600_000_000  # 2020-09-13: 10M events 10 s apart end in 2023
 SPACING = 10
 JITTER = 300
 CHUNK = 100_000  # events per measured (and cached) ingest chunk
+LIVE_CONTENT = (160, 240)  # bytes of a live note's content (live_notes): ~200
+LIVE_SPAN = 216_000  # seconds the live notes' created_at spans (2.5 days)
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)  # store sizes `bench scale` steps through
 _VERSION = 1
 
@@ -135,6 +143,7 @@ class Generator:
 
     corpus: str
     seed: int
+    stream: str = "scale"  # names the random stream: another stream draws other values
     made: int = 0
     seckeys: list[bytes] = field(default_factory=list)
     pubkeys: list[str] = field(default_factory=list)
@@ -153,7 +162,7 @@ class Generator:
     def __post_init__(self) -> None:
         if self.corpus not in CORPORA:
             raise ValueError(f"unknown corpus {self.corpus!r} (one of {', '.join(CORPORA)})")
-        self.rng = random.Random(f"scale/{self.corpus}/{self.seed}")
+        self.rng = random.Random(f"{self.stream}/{self.corpus}/{self.seed}")
         self.skewed = self.corpus == "skewed"
         self.counts = {s: Counter() for s in TAG_SHAPES}
         self._kinds = list(KIND_MIX)
@@ -284,6 +293,20 @@ class Generator:
         for shape, value in carried:
             self.counts[shape][value] += 1
         self.by_author[author] += 1
+
+    def live_note(self, author_key: bytes, created_at: int) -> Spec:
+        """A kind-1 note of ~200 bytes (LIVE_CONTENT) of the Zipf vocabulary with one `t`
+        tag of the Zipf hashtags: the traffic relay load tools send, in this corpus's
+        words (not counted: no REQ of `bench scale` asks for it)."""
+        rng = self.rng
+        target = rng.randint(*LIVE_CONTENT)
+        words: list[str] = []
+        size = -1
+        while size < target:
+            words.append(f"w{self._words()}")
+            size += len(words[-1]) + 1
+        tags = [["t", f"topic{self._tags()}"]]
+        return (author_key, created_at, 1, tags, " ".join(words), rng.randbytes(32))
 
     # -- what the REQs ask for -----------------------------------------------------------
 
@@ -437,3 +460,44 @@ def _write(path: Path, value: Any) -> None:
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_bytes(msgspec.msgpack.encode(value))
     tmp.replace(path)
+
+
+# --- live traffic: realistic kind-1 notes for bench load and compare --------------------
+
+
+def live_notes(seed: int, count: int, authors: int = 1000, now: float | None = None) -> EventSet:
+    """`count` signed kind-1 notes of `authors` authors in turn (bench.events.Keyring's
+    keys of `seed`, so the REQ phases ask for the authors that wrote), each with ~200
+    bytes of the realistic corpus's Zipf words and one of its Zipf hashtags as a `t` tag.
+    created_at rises through the LIVE_SPAN seconds after bench.events.base_time (three
+    days before today), jittered like the corpus's regular events: in arrival order,
+    roughly, and never in the future. Signed in worker processes and cached per day
+    (the same events all day; `bench load`'s older days' files are removed as it makes
+    new ones, and so are this function's)."""
+    base = base_time(now)
+    day = time.strftime("%Y%m%d", time.gmtime(base))
+    prefix = "kind1_realistic-"
+    path = cache_dir() / f"{prefix}{count}-s{seed}-a{authors}-{day}.msgpack"
+    with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError, OSError):
+        got = msgspec.msgpack.decode(path.read_bytes(), type=_Chunk)
+        if len(got.raw) == count:
+            return EventSet("kind1", seed, got.ids, got.raw)
+    keys = Keyring(seed, authors=authors).author_keys
+    gen = Generator("realistic", seed, stream="live")
+    step = LIVE_SPAN / max(1, count)
+    specs: list[Spec] = []
+    for i in range(count):
+        t = base + int(i * step) + gen.rng.randrange(-JITTER, JITTER)
+        specs.append(gen.live_note(keys[i % authors], min(max(t, base), base + LIVE_SPAN)))
+    pubkeys = {k: pubkey_of(k) for k in keys}
+    ids = [event_id(pubkeys[s[0]], s[1], s[2], s[3], s[4]) for s in specs]
+    with concurrent.futures.ProcessPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
+        raw = list(pool.map(sign, specs, chunksize=500))
+    if any(r[7:71] != i.encode() for i, r in zip(ids, raw, strict=True)):
+        raise RuntimeError("a signed event's id differs from the generator's")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for old in path.parent.glob(f"{prefix}*.msgpack"):  # other days' are never read again
+        if not old.stem.endswith(day):
+            old.unlink(missing_ok=True)
+    _write(path, _Chunk(ids, raw))
+    return EventSet("kind1", seed, ids, raw)

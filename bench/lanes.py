@@ -4,7 +4,9 @@ a window of operations in flight and time each one.
 - `Client` / `CLIENTS`: a load-generator design (bench.wsclient, lean and pre-encoded;
   bench.wslib, the `websockets` library; `pipelined`, joined writes: never a headline).
 - `PhaseRun`: one phase's counters and the future that resolves when every operation
-  has ended; `drive` is its timed region (every lane started, CPU watched).
+  has ended, and, given a chunk size, the CPU and latencies of every `chunk` answers
+  (a long ingest's cost as it goes); `drive` is its timed region (every lane started,
+  CPU watched).
 - `EventLane` (EVENT -> OK), `ReqLane` (REQ -> EOSE, then CLOSE): one connection each,
   everything in callbacks, one write per message unless the client coalesces; a lane
   answers a NIP-42 challenge with `engram.nip42`'s AUTH event.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import re
 import time
@@ -30,8 +33,8 @@ import msgspec
 
 from bench import wsclient, wslib
 from bench.events import EventSet
-from bench.procwatch import Watch
-from bench.results import PhaseResult, reason_key
+from bench.procwatch import Snapshot, Watch
+from bench.results import Chunk, PhaseResult, reason_key
 from engram import KIND_ENGRAM
 from engram.nip42 import auth_event
 
@@ -69,20 +72,55 @@ CLIENTS = {
 
 
 class PhaseRun:
-    """Counters of one phase and the future that resolves when all operations ended."""
+    """Counters of one phase and the future that resolves when all operations ended.
 
-    def __init__(self, name: str, expected: int) -> None:
+    With `chunk` > 0, the phase is also measured stretch by stretch: each time another
+    `chunk` operations have ended, the CPU of the watched processes and the position in
+    the latencies are noted, so a long ingest shows whether its cost per EVENT drifts
+    (one snapshot per chunk: a few ms of /proc reads per 100,000 answers)."""
+
+    def __init__(self, name: str, expected: int, chunk: int = 0) -> None:
         self.result = PhaseResult(name)
         self.expected = expected
         self.finished = 0
+        self.chunk = max(0, chunk)
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._watch: Watch | None = None
+        self._marks: list[tuple[int, float, Snapshot, int]] = []
+        self._next_mark = 0
         if expected <= 0:
             self.done.set_result(None)
 
     def finish(self, n: int = 1) -> None:
         self.finished += n
+        if self._watch is not None and self.finished >= self._next_mark:
+            self._mark(self._watch)
+            self._next_mark = (self.finished // self.chunk + 1) * self.chunk
         if self.finished >= self.expected and not self.done.done():
             self.done.set_result(None)
+
+    def start_chunks(self, watch: Watch, t0: float, before: Snapshot) -> None:
+        """Measure by chunk from this moment (`drive`'s start) on, if a chunk is set."""
+        if self.chunk:
+            self._watch = watch
+            self._marks = [(0, t0, before, 0)]
+            self._next_mark = self.chunk
+
+    def _mark(self, watch: Watch) -> None:
+        self._marks.append((self.finished, now(), watch.snapshot(), len(self.result.latencies)))
+
+    def close_chunks(self) -> None:
+        """End the last (maybe partial) chunk and file every chunk's figures."""
+        watch, self._watch = self._watch, None
+        if watch is None:
+            return
+        if self._marks[-1][0] < self.finished:
+            self._mark(watch)
+        lat = self.result.latencies
+        for (a, t0, s0, l0), (b, t1, s1, l1) in itertools.pairwise(self._marks):
+            relay = s1[0] - s0[0] if s0[0] is not None and s1[0] is not None else None
+            pg = s1[1] - s0[1] if s0[1] is not None and s1[1] is not None else None
+            self.result.chunks.append(Chunk(a, b, t1 - t0, relay, pg, lat[l0:l1]))
 
 
 class Lane:
@@ -341,6 +379,7 @@ async def drive(phase: PhaseRun, lanes: Sequence[Lane], watch: Watch, timeout: f
     """The timed region: start every lane, wait for the last answer (or the timeout)."""
     before = watch.snapshot()
     t0 = now()
+    phase.start_chunks(watch, t0, before)
     for lane in lanes:
         lane.start()
     try:
@@ -349,6 +388,7 @@ async def drive(phase: PhaseRun, lanes: Sequence[Lane], watch: Watch, timeout: f
         missing = phase.expected - phase.finished
         phase.result.errors[f"timeout after {timeout:.0f} s (no answer)"] += missing
     phase.result.elapsed = now() - t0
+    phase.close_chunks()
     watch.close(phase.result, before)
     for lane in lanes:
         lane.close()

@@ -2,11 +2,23 @@
 
 Phases (the standard profile in `Profile`):
   kind1       EVENT ingest, kind 1 from 1,000 authors: N connections x a window in flight
+              (`--content synthetic`: short texts of 25 words, one `t` value for all;
+              `realistic`: ~200-byte contents of a Zipf vocabulary, a Zipf `t` tag)
   engram      EVENT ingest of valid kind-30174 engrams, replacing a hot set of addresses
   req         REQ {"authors":[k],"limit":10}, each closed after its EOSE
+  probe       the same REQ with fewer in flight (`--probe-window`, default 1): latency
+              when the relay is not queueing (not in the standard profile)
   head        the CLI's engram head fetch (kinds, authors, #p, #d) from connections
               authenticated (NIP-42) as the agent, when the relay sends a challenge
   fanout<S>   S subscribers (one connection each) while one publisher sends R events/s
+
+Profiles (`--profile`; options given override them): standard (the phases above but
+probe, at the defaults shown), sustained (issue 47: 200,000 realistic kind-1 EVENTs,
+8 connections x 100 in flight, a fresh connection every 5,000 EVENTs, CPU of the relay
+and of PostgreSQL and latency per 100,000 answers: `--chunk-events`) and reads (issue 48:
+40,000 realistic notes, 30,000 REQs 8 x 8, a probe of 2,000 REQs 8 x 1). To load a relay
+on a big store: `python -m bench prefill --size 1000000 --serve` serves a copy of a kept
+one and prints the command.
 
 Every frame is signed and encoded before the clock starts (events come from the file
 cache of bench.events); connections are opened and authenticated before it too. Each
@@ -23,10 +35,12 @@ events = "duplicate" answers, which the report shows).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from bench.lanes import raise_fd_limit, run_async
-from bench.results import format_results
+from bench.results import format_results, phase_json
 from bench.workload import add_profile_args, profile_from_args, run_load
 
 
@@ -37,6 +51,7 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     p.add_argument("--url", required=True, help="relay websocket URL (ws://127.0.0.1:PORT)")
     p.add_argument("--pid", type=int, help="relay PID: report its CPU per op and RSS")
     p.add_argument("--pg-pid", type=int, help="PostgreSQL postmaster PID: report its CPU")
+    p.add_argument("--json", type=Path, help="also write every phase's figures into this file")
     add_profile_args(p)
     return p
 
@@ -56,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     results = run_async(run_load(args.url, profile, args.pid, args.pg_pid, print))
     print()
     print(format_results(results))
+    if args.json:
+        data = {"url": args.url, "phases": [phase_json(r) for r in results]}
+        args.json.write_text(json.dumps(data, indent=1) + "\n")
     # kind-1 events are all distinct, so a "duplicate" there means the relay had them already
     # (in the engram phase, "duplicate" also answers an older version losing to a newer one).
     dup = sum(

@@ -113,6 +113,7 @@ class Running:
     pg_pid: int | None = None
     events_per_conn: int = 0
     cleanup: list[Callable[[], None]] = field(default_factory=list)
+    dsn: str = ""  # ours: the database it stores in (dropped by `cleanup`)
 
     @property
     def pid(self) -> int:
@@ -209,6 +210,8 @@ class Postgres:
         self.pgdata = root / "pgdata"
         self.server = start_server(self.pgdata, cleanup_mode=cleanup_mode)
         self.uri: str = self.server.get_uri()
+        # a database of this server that ours starts from (bench.prefill), or None: empty
+        self.template: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -236,8 +239,10 @@ class Postgres:
 
         return asyncio.run(show())
 
-    def create_database(self) -> tuple[str, Callable[[], None]]:
-        """A fresh database; returns its URI and a function that drops it."""
+    def create_database(self, template: str | None = None) -> tuple[str, Callable[[], None]]:
+        """A fresh database (a copy of `template`'s files when given: CREATE DATABASE's
+        FILE_COPY strategy, which does not write the copy through the WAL); returns its
+        URI and a function that drops it."""
         import asyncio
 
         import asyncpg
@@ -253,7 +258,8 @@ class Postgres:
             finally:
                 await conn.close()
 
-        asyncio.run(run(f"CREATE DATABASE {quote_ident(name)}"))
+        copy = f" TEMPLATE {quote_ident(template)} STRATEGY FILE_COPY" if template else ""
+        asyncio.run(run(f"CREATE DATABASE {quote_ident(name)}{copy}"))
 
         def drop() -> None:
             asyncio.run(run(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)"))
@@ -283,14 +289,27 @@ def _prepare_ours(log: Callable[[str], None]) -> str:
     return package_version(sys.executable, "engram-relay")
 
 
+def relay_root() -> Path:
+    """The checkout whose relay the benches start: this one, or the one named by
+    ENGRAM_BENCH_RELAY_ROOT (a before/after run with one harness: `bench ab` sets it)."""
+    named = os.environ.get("ENGRAM_BENCH_RELAY_ROOT")
+    return Path(named).resolve() if named else Path(__file__).resolve().parents[1]
+
+
+def cli_module(root: Path) -> str:
+    """The module `engram` runs as in that checkout: cli.commands.main since the cli/
+    split, cli.main before it (an older revision measured by `bench ab`)."""
+    return "cli.commands.main" if (root / "cli" / "commands" / "main.py").exists() else "cli.main"
+
+
 def start_engram(workdir: Path, args: list[str], env: dict[str, str] | None = None) -> Running:
-    """`engram serve` of this checkout on a free port, ready (its /healthz answers)."""
+    """`engram serve` of `relay_root()` on a free port, ready (its /healthz answers)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "cli.commands.main", "serve", "--port", str(port), *args]
-    # the relay runs in `workdir`: put this checkout first, not whichever one is installed;
-    # ENGRAM_BENCH_RELAY_ROOT names another checkout (a before/after run with one harness)
-    root = os.environ.get("ENGRAM_BENCH_RELAY_ROOT") or str(Path(__file__).resolve().parents[1])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    root = relay_root()
+    cmd = [sys.executable, "-m", cli_module(root), "serve", "--port", str(port), *args]
+    # the relay runs in `workdir`: put its checkout first on the path, not whichever one is
+    # installed (the venv's editable install finds modules only after the path's entries)
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
     env = {**(env or {}), "PYTHONPATH": path}
     run = Running("engram-relay", f"ws://127.0.0.1:{port}", _spawn(cmd, workdir, env), workdir)
     return wait_ready(run, port, _healthz_ok)
@@ -298,15 +317,32 @@ def start_engram(workdir: Path, args: list[str], env: dict[str, str] | None = No
 
 def _start_ours(workdir: Path, pg: Postgres | None) -> Running:
     assert pg is not None
-    url, drop = pg.create_database()
+    url, drop = pg.create_database(pg.template)
     try:
         run = start_engram(workdir, ["--database-url", url])
     except BaseException:
         drop()
         raise
     run.pg_pid = pg.pid
+    run.dsn = url
     run.cleanup.append(drop)
     return run
+
+
+def stored_events(dsn: str) -> int:
+    """Rows of `events` in ours' database (what a run ends with: prefill + ingest)."""
+    import asyncio
+
+    import asyncpg
+
+    async def count() -> int:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return int(await conn.fetchval("SELECT count(*) FROM events"))
+        finally:
+            await conn.close()
+
+    return asyncio.run(count())
 
 
 NOSTR_RELAY_PACKAGES = ["nostr-relay", "asyncpg"]

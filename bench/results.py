@@ -1,10 +1,12 @@
 """What a bench phase measured, and how every bench command prints and files it.
 
 `PhaseResult` is one phase's figures (throughput, latency quantiles, errors by reason,
-CPU and RSS of the processes watched); `fmt`, `format_line` and `format_results` are
-the plain-text forms `bench load` prints; `write_results` replaces a command's block
-in a markdown file such as bench/RESULTS.md; `machine` and `run_lines` head a report
-(command, date, machine, load average); `quantile` is how every command takes p50/p99.
+CPU and RSS of the processes watched, and per-chunk figures of a long ingest: `Chunk`);
+`phase_json` is its machine-readable form (`--json`, read by `bench ab`); `fmt`,
+`format_line` and `format_results` are the plain-text forms `bench load` prints;
+`write_results` replaces a command's block in a markdown file such as bench/RESULTS.md;
+`machine` and `run_lines` head a report (command, date, machine, load average);
+`quantile` is how every command takes p50/p99.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ PHASE_TITLES = {
     "engram": "ingest engram",
     "req": "REQ authors limit 10",
     "head": "REQ engram head (auth)",
+    "probe": "REQ authors probe, 1 in flight",
 }
 FIGURES = (
     "ops/s",
@@ -64,6 +67,59 @@ def phase_title(name: str) -> str:
     return PHASE_TITLES.get(name, name)
 
 
+CHUNK_FIGURES = (
+    "ops/s",
+    "p50 ms",
+    "p99 ms",
+    "relay CPU us/op",
+    "pg CPU us/op",
+    "relay+pg CPU us/op",
+)
+
+
+@dataclass
+class Chunk:
+    """One stretch of a long phase: the operations answered from `start` to `end` (in
+    answer order), their wall seconds, the CPU the relay's and PostgreSQL's process trees
+    used meanwhile, and the latencies of the answers in it (seconds)."""
+
+    start: int
+    end: int
+    seconds: float
+    relay_cpu: float | None
+    pg_cpu: float | None
+    latencies: list[float] = field(default_factory=list, repr=False)
+
+    def figures(self) -> dict[str, float | None]:
+        n = self.end - self.start
+
+        def per_op(cpu: float | None) -> float | None:
+            return cpu / n * 1e6 if cpu is not None and n else None
+
+        both = None if self.relay_cpu is None else self.relay_cpu + (self.pg_cpu or 0.0)
+        p50, p99 = quantile(self.latencies, 0.50), quantile(self.latencies, 0.99)
+        return {
+            "ops/s": n / self.seconds if self.seconds > 0 else None,
+            "p50 ms": p50 * 1e3 if p50 is not None else None,
+            "p99 ms": p99 * 1e3 if p99 is not None else None,
+            "relay CPU us/op": per_op(self.relay_cpu),
+            "pg CPU us/op": per_op(self.pg_cpu),
+            "relay+pg CPU us/op": per_op(both),
+        }
+
+    def label(self) -> str:
+        return f"{count_label(self.start)}-{count_label(self.end)}"
+
+
+def count_label(n: int) -> str:
+    """100000 -> 100k, 1000000 -> 1M; other counts as they are."""
+    if n and n % 1_000_000 == 0:
+        return f"{n // 1_000_000}M"
+    if n and n % 1000 == 0:
+        return f"{n // 1000}k"
+    return str(n)
+
+
 @dataclass
 class PhaseResult:
     """What one phase measured. `ops`: OKs accepted, EOSEs, or deliveries."""
@@ -80,6 +136,7 @@ class PhaseResult:
     rss: int | None = None
     returned: int = 0  # events received in answer to REQs
     skipped: str = ""
+    chunks: list[Chunk] = field(default_factory=list)  # a long phase, stretch by stretch
 
     def figures(self) -> dict[str, float | None]:
         lat = sorted(self.latencies)
@@ -158,12 +215,38 @@ def format_results(results: list[PhaseResult]) -> str:
     lines = [_aligned(cols, widths)]
     lines += [_aligned(row, widths) for row in rows]
     for r in results:
+        if r.chunks:
+            lines.append(f"{phase_title(r.phase)}, by chunk of answers:")
+            lines += format_chunks(r.chunks)
+    for r in results:
         if r.returned:
             lines.append(f"{phase_title(r.phase)}: {r.returned} events returned")
         for label, counter in (("error", r.errors), ("note", r.notes)):
             for why, n in counter.most_common():
                 lines.append(f"{phase_title(r.phase)}: {label} x{n}: {why}")
     return "\n".join(lines)
+
+
+def format_chunks(chunks: list[Chunk]) -> list[str]:
+    """A plain-text table of the chunks' figures."""
+    cols = ["chunk", *CHUNK_FIGURES]
+    rows = [[c.label(), *(fmt(v, k) for k, v in c.figures().items())] for c in chunks]
+    widths = [max(len(col), *(len(row[i]) for row in rows)) for i, col in enumerate(cols)]
+    return ["  " + _aligned(cols, widths), *("  " + _aligned(row, widths) for row in rows)]
+
+
+def phase_json(r: PhaseResult) -> dict[str, Any]:
+    """A phase's figures, errors and chunks as plain JSON values (`--json` files)."""
+    return {
+        "phase": r.phase,
+        "ops": r.ops,
+        "elapsed": r.elapsed,
+        "returned": r.returned,
+        "figures": r.figures(),
+        "errors": dict(r.errors),
+        "notes": dict(r.notes),
+        "chunks": [{"start": c.start, "end": c.end, "figures": c.figures()} for c in r.chunks],
+    }
 
 
 # --- reports in markdown files ----------------------------------------------------------

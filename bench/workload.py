@@ -1,6 +1,13 @@
-"""The standard load profile: the phases `bench load`, `bench compare` and `bench soak`
-drive a relay with (kind1, engram, req, head, fanout<S>: what each sends is in
-`python -m bench load --help`), and their command-line options.
+"""The load profiles: the phases `bench load`, `bench compare` and `bench soak` drive a
+relay with (kind1, engram, req, probe, head, fanout<S>: what each sends is in `python -m
+bench load --help`), and their command-line options.
+
+`--profile` picks a preset (`PROFILES`), each option given on the command line overrides
+it: `standard` (the burst of every phase, the defaults of `Profile`), `sustained` (issue
+47: 200,000 realistic kind-1 EVENTs, 100 in flight on each of 8 connections, each
+connection replaced after 5,000 EVENTs, CPU and latency per 100,000 answers) and `reads`
+(issue 48: 40,000 realistic notes stored, then `authors` REQs with 8 x 8 open and a
+probe of 2,000 with 8 x 1).
 
 `run_load(url, profile, pid, pg_pid)` runs the profile's phases in order and returns a
 `PhaseResult` per phase; events come from bench.events' file cache, signed before any
@@ -16,6 +23,7 @@ import contextlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -34,10 +42,12 @@ from bench.lanes import (
     split,
 )
 from bench.procwatch import Watch
-from bench.results import PhaseResult, format_line, phase_title
+from bench.results import PhaseResult, count_label, format_line, phase_title
 from engram import KIND_ENGRAM
 
-PHASES = ("kind1", "engram", "req", "head", "fanout")
+PHASES = ("kind1", "engram", "req", "probe", "head", "fanout")  # every phase, in run order
+STANDARD_PHASES = ("kind1", "engram", "req", "head", "fanout")
+CONTENTS = ("synthetic", "realistic")
 _enc = msgspec.json.encode
 
 
@@ -60,8 +70,13 @@ class Profile:
     engram_slugs: int = 50  # addresses per agent: 16 agents x 50 = the hot set of 800
     seed: int = 1
     phase_timeout: float = 300.0
-    phases: tuple[str, ...] = PHASES
+    phases: tuple[str, ...] = STANDARD_PHASES
     client: str = "builtin"  # a key of CLIENTS
+    content: str = "synthetic"  # kind-1 events: bench.events' ("synthetic") or "realistic"
+    chunk: int = 0  # measure ingest per this many answers too (0: the whole phase only)
+    probe_reqs: int = 2000  # the probe phase: REQs, on req_connections...
+    probe_window: int = 1  # ...each with this many in flight
+    name: str = "standard"  # the preset this profile started from
 
     def phase_names(self) -> list[str]:
         out: list[str] = []
@@ -72,13 +87,84 @@ class Profile:
                 out.append(p)
         return out
 
+    def describe(self) -> str:
+        """What each phase of this profile sends, in one line for a report's header."""
+        parts = []
+        per_conn = (
+            f", a fresh connection every {self.events_per_conn:,} EVENTs"
+            if self.events_per_conn
+            else ""
+        )
+        chunks = f"; CPU and latency per {count_label(self.chunk)} answers" if self.chunk else ""
+        ingest = f"{self.connections} connections x {self.window} in flight{per_conn}{chunks}"
+        if "kind1" in self.phases:
+            parts.append(f"ingest {self.events:,} kind-1 EVENTs ({self.content_text()}), {ingest}")
+        if "engram" in self.phases:
+            parts.append(f"ingest {self.engrams:,} engram EVENTs, {ingest}")
+        reads = f"{self.req_connections} connections x {self.req_window} in flight"
+        if "req" in self.phases:
+            parts.append(f'{self.reqs:,} REQ {{"authors":[k],"limit":10}}, {reads}')
+        if "probe" in self.phases:
+            parts.append(
+                f"probe: {self.probe_reqs:,} of the same REQ, {self.req_connections}"
+                f" connections x {self.probe_window} in flight"
+            )
+        if "head" in self.phases:
+            parts.append(f"{self.heads:,} engram head fetches (NIP-42 AUTH), {reads}")
+        if "fanout" in self.phases:
+            subs = ",".join(map(str, self.subscribers))
+            parts.append(
+                f"fan-out to {subs} subscribers at {self.fanout_rate:g} events/s for"
+                f" {self.fanout_seconds:g} s"
+            )
+        return f"{self.name}: " + "; ".join(parts)
+
+    def content_text(self) -> str:
+        if self.content == "realistic":
+            return (
+                "realistic: ~200-byte contents of a Zipf vocabulary, a Zipf `t` tag, 1,000 authors"
+            )
+        return "synthetic: 40-280 characters of 25 words, one `t` tag for all, 1,000 authors"
+
+
+# The presets of `--profile`; an option given on the command line overrides its value.
+PROFILES: dict[str, dict[str, Any]] = {
+    "standard": {},
+    # issue 47: long enough to mean something; LocalRelay stops acknowledging after 6,000
+    # EVENTs on one connection, so no connection carries more than 5,000 (for every relay)
+    "sustained": {
+        "events": 200_000,
+        "content": "realistic",
+        "connections": 8,
+        "window": 100,
+        "events_per_conn": 5000,
+        "chunk": 100_000,
+        "phases": ("kind1",),
+        "phase_timeout": 1800.0,
+    },
+    # issue 48: 40,000 notes of 1,000 authors stored, then the REQ rate with 8 x 8 open
+    # and a probe of single REQs (8 x 1)
+    "reads": {
+        "events": 40_000,
+        "content": "realistic",
+        "events_per_conn": 5000,
+        "reqs": 30_000,
+        "req_connections": 8,
+        "req_window": 8,
+        "probe_reqs": 2000,
+        "probe_window": 1,
+        "phases": ("kind1", "req", "probe"),
+        "phase_timeout": 600.0,
+    },
+}
+
 
 async def ingest_phase(
     name: str, url: str, events: EventSet, profile: Profile, watch: Watch
 ) -> PhaseResult:
     client = CLIENTS[profile.client]
     frames = event_frames(events, client)
-    phase = PhaseRun(name, len(frames))
+    phase = PhaseRun(name, len(frames), profile.chunk)
     n = profile.connections
     lanes = [
         EventLane(
@@ -97,18 +183,27 @@ async def ingest_phase(
     return phase.result
 
 
-async def req_phase(url: str, keys: Keyring, profile: Profile, watch: Watch) -> PhaseResult:
-    rng = random.Random(f"req/{profile.seed}")
+async def req_phase(
+    url: str, keys: Keyring, profile: Profile, watch: Watch, name: str = "req"
+) -> PhaseResult:
+    """`{"authors":[k],"limit":10}` REQs, k drawn from the kind-1 authors: `reqs` of them
+    with `req_window` open on each connection ("req"), or `probe_reqs` with
+    `probe_window` open ("probe": a REQ's latency when the relay is not queueing)."""
+    rng = random.Random(f"{name}/{profile.seed}")
     n = profile.req_connections
+    total, window = (
+        (profile.reqs, profile.req_window)
+        if name == "req"
+        else (profile.probe_reqs, profile.probe_window)
+    )
     per = [
         [{"authors": [rng.choice(keys.author_pubkeys)], "limit": 10} for _ in range(count)]
-        for count in split(profile.reqs, n)
+        for count in split(total, n)
     ]
-    phase = PhaseRun("req", profile.reqs)
+    phase = PhaseRun(name, total)
     client = CLIENTS[profile.client]
-    lanes = [
-        ReqLane(phase, url, profile.req_window, req_items(f, "q", client), client) for f in per
-    ]
+    prefix = "q" if name == "req" else "p"
+    lanes = [ReqLane(phase, url, window, req_items(f, prefix, client), client) for f in per]
     await open_all(lanes)
     await drive(phase, lanes, watch, profile.phase_timeout)
     return phase.result
@@ -230,8 +325,8 @@ async def run_load(
         say(f"phase {phase_title(name)} ...")
         if name in ("kind1", "engram"):
             res = await ingest_phase(name, url, sets[name], profile, watch)
-        elif name == "req":
-            res = await req_phase(url, keys, profile, watch)
+        elif name in ("req", "probe"):
+            res = await req_phase(url, keys, profile, watch, name)
         elif name == "head":
             res = await head_phase(url, keys, profile, watch)
         elif name.startswith("fanout"):
@@ -249,7 +344,7 @@ def _events_ready(profile: Profile, keys: Keyring, names: list[str]) -> dict[str
     """Sign (or read from the cache) every event the phases send, before any clock."""
     sets: dict[str, EventSet] = {}
     if "kind1" in names:
-        sets["kind1"] = load_events("kind1", profile.events, keys)
+        sets["kind1"] = kind1_events(profile, keys)
     if "engram" in names:
         variant = "" if keys.slugs == Profile.engram_slugs else f"slugs{keys.slugs}"
         sets["engram"] = load_events("engram", profile.engrams, keys, variant=variant)
@@ -259,6 +354,15 @@ def _events_ready(profile: Profile, keys: Keyring, names: list[str]) -> dict[str
     if "head" in names:
         _ = keys.d_tags
     return sets
+
+
+def kind1_events(profile: Profile, keys: Keyring) -> EventSet:
+    """The kind-1 events of the profile's content (from the cache, made when missing)."""
+    if profile.content == "realistic":
+        from bench.corpus import live_notes
+
+        return live_notes(profile.seed, profile.events, keys.authors)
+    return load_events("kind1", profile.events, keys)
 
 
 def fanout_count(profile: Profile) -> int:
@@ -273,73 +377,104 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def add_profile_args(p: argparse.ArgumentParser) -> None:
+    """The profile's options; each defaults to the `--profile` preset's value (shown here
+    as the standard profile's)."""
     d = Profile()
-    p.add_argument("--events", type=int, default=d.events, help="kind-1 events to ingest")
-    p.add_argument("--engrams", type=int, default=d.engrams, help="engram events to ingest")
-    p.add_argument("--reqs", type=int, default=d.reqs, help="REQ authors queries")
-    p.add_argument("--heads", type=int, default=d.heads, help="engram head fetches")
-    p.add_argument("--connections", type=int, default=d.connections, help="ingest connections")
-    p.add_argument("--window", type=int, default=d.window, help="EVENTs in flight per conn")
-    p.add_argument("--req-connections", type=int, default=d.req_connections)
-    p.add_argument("--req-window", type=int, default=d.req_window, help="REQs in flight per conn")
     p.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="standard",
+        help="preset: standard (a burst of every phase), sustained (issue 47: 200,000"
+        " realistic kind-1 EVENTs, a fresh connection every 5,000, figures per 100k),"
+        " reads (issue 48: 40,000 notes, then REQs 8 x 8 and a probe 8 x 1); options"
+        " given override the preset",
+    )
+    add = _optional(p)
+    add("--events", int, d.events, "kind-1 events to ingest")
+    add("--engrams", int, d.engrams, "engram events to ingest")
+    add("--reqs", int, d.reqs, "REQ authors queries")
+    add("--heads", int, d.heads, "engram head fetches")
+    add("--connections", int, d.connections, "ingest connections")
+    add("--window", int, d.window, "EVENTs in flight per connection")
+    add("--req-connections", int, d.req_connections, "REQ (and probe) connections")
+    add("--req-window", int, d.req_window, "REQs in flight per connection")
+    add("--probe-reqs", int, d.probe_reqs, "REQs of the probe phase")
+    add("--probe-window", int, d.probe_window, "probe REQs in flight per connection")
+    add(
         "--subscribers",
-        type=_ints,
-        default=d.subscribers,
-        help="fan-out subscriber counts, comma-separated (default 100,1000)",
+        _ints,
+        ",".join(map(str, d.subscribers)),
+        "fan-out subscriber counts, comma-separated",
     )
-    p.add_argument("--fanout-rate", type=float, default=d.fanout_rate, help="events/s published")
-    p.add_argument("--fanout-seconds", type=float, default=d.fanout_seconds)
-    p.add_argument(
+    add("--fanout-rate", float, d.fanout_rate, "events/s published")
+    add("--fanout-seconds", float, d.fanout_seconds, "seconds of publishing")
+    add(
         "--events-per-conn",
-        type=int,
-        default=d.events_per_conn,
-        help="open a new connection after this many EVENTs on one (0: never)",
+        int,
+        d.events_per_conn,
+        "open a new connection after this many EVENTs on one (0: never)",
     )
-    p.add_argument("--seed", type=int, default=d.seed, help="events and keys derive from it")
-    p.add_argument(
+    add("--seed", int, d.seed, "events and keys derive from it")
+    add(
         "--engram-slugs",
-        type=int,
-        default=d.engram_slugs,
-        help="slugs per agent (16 agents): more makes a larger store of distinct engrams",
+        int,
+        d.engram_slugs,
+        "slugs per agent (16 agents): more makes a larger store of distinct engrams",
     )
-    p.add_argument("--phase-timeout", type=float, default=d.phase_timeout)
+    add("--phase-timeout", float, d.phase_timeout, "seconds a phase may take")
+    p.add_argument(
+        "--content",
+        choices=CONTENTS,
+        help="kind-1 events: synthetic (bench.events: short texts of 25 words, one `t` value"
+        " for all) or realistic (bench.corpus.live_notes: ~200-byte contents of a Zipf"
+        f" vocabulary, a Zipf `t` tag); default: {d.content}",
+    )
+    add(
+        "--chunk-events",
+        int,
+        d.chunk,
+        "report ingest CPU (relay and PostgreSQL) and latency per this many answers too"
+        " (0: the whole phase only)",
+    )
     p.add_argument(
         "--client",
         choices=sorted(CLIENTS),
-        default=d.client,
         help="load-generator client: builtin (lean, one write per message, as users' clients"
         " send), pipelined (builtin joining queued frames into one write: never the"
-        " headline), or the `websockets` library's",
+        " headline), or the `websockets` library's; default: builtin",
     )
     p.add_argument(
         "--phases",
-        default=",".join(PHASES),
-        help=f"comma-separated subset of {','.join(PHASES)}",
+        help=f"comma-separated subset of {','.join(PHASES)}; default: {','.join(STANDARD_PHASES)}",
     )
+
+
+def _optional(p: argparse.ArgumentParser) -> Callable[[str, Any, Any, str], None]:
+    """An option without a default of its own: None when not given, so the preset's
+    value applies (its help names the standard profile's)."""
+
+    def add(flag: str, kind: Any, standard: Any, what: str) -> None:
+        p.add_argument(flag, type=kind, help=f"{what} (standard: {standard})")
+
+    return add
+
+
+# option -> Profile field, where they differ
+_FIELDS = {"chunk_events": "chunk"}
 
 
 def profile_from_args(args: argparse.Namespace) -> Profile:
-    phases = tuple(x for x in args.phases.split(",") if x)
+    values: dict[str, Any] = {**PROFILES[args.profile], "name": args.profile}
+    for field_name in Profile.__dataclass_fields__:
+        option = next((o for o, f in _FIELDS.items() if f == field_name), field_name)
+        given = getattr(args, option, None)
+        if given is None or field_name in ("name", "phases"):
+            continue
+        values[field_name] = tuple(given) if field_name == "subscribers" else given
+    if args.phases is not None:
+        values["phases"] = tuple(x for x in args.phases.split(",") if x)
+    phases = values.get("phases", STANDARD_PHASES)
     unknown = set(phases) - set(PHASES)
     if unknown:
         raise SystemExit(f"unknown phase(s): {', '.join(sorted(unknown))}")
-    return Profile(
-        events=args.events,
-        engrams=args.engrams,
-        reqs=args.reqs,
-        heads=args.heads,
-        connections=args.connections,
-        window=args.window,
-        req_connections=args.req_connections,
-        req_window=args.req_window,
-        subscribers=tuple(args.subscribers),
-        fanout_rate=args.fanout_rate,
-        fanout_seconds=args.fanout_seconds,
-        events_per_conn=args.events_per_conn,
-        engram_slugs=args.engram_slugs,
-        seed=args.seed,
-        phase_timeout=args.phase_timeout,
-        phases=phases,
-        client=args.client,
-    )
+    return Profile(**values)

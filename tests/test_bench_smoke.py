@@ -9,11 +9,15 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from relay_fixtures import RelayProcess
 
 from bench import compare, micro
@@ -269,3 +273,107 @@ def test_bench_tagvalues_end_to_end() -> None:
     rows = re.findall(r"^\| ([\d,]+) \| (\d+) \| (\d+) \|", proc.stdout, re.M)
     assert [r[0] for r in rows] == ["16", "256", "1,024"], proc.stdout
     assert all(int(events) > 0 for _, _, events in rows), proc.stdout
+
+
+@pytest.fixture
+def bench_home() -> Iterator[Path]:
+    """ENGRAM_BENCH_HOME for kept stores, outside pytest's tmp_path: the embedded server
+    runs as another user, who cannot enter pytest's 0700 base directory."""
+    home = Path(tempfile.mkdtemp(prefix="engram-bench-test-home-"))
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def _bench(
+    tmp_path: Path, home: Path, *args: str, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """`python -m bench ARGS` with its event cache under tmp_path, kept stores in home."""
+    env = {
+        **os.environ,
+        "ENGRAM_BENCH_CACHE": str(tmp_path / "cache"),
+        "ENGRAM_BENCH_HOME": str(home),
+    }
+    env.pop("ENGRAM_BENCH_RELAY_ROOT", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_compare_sustained_profile_on_a_prefilled_store(tmp_path: Path, bench_home: Path) -> None:
+    """`bench compare --profile sustained --prefill N` at a tiny size: realistic notes
+    ingested on a copy of a kept store of N corpus events, figures per chunk of answers
+    (relay and PostgreSQL CPU apart), everything in the --json file. Nothing timed."""
+    import json
+
+    out = tmp_path / "run.json"
+    proc = _bench(
+        tmp_path,
+        bench_home,
+        *("compare", "--relays", "ours", "--profile", "sustained", "--rounds", "1"),
+        *("--settle", "0", "--events", "300", "--chunk-events", "100"),
+        *("--events-per-conn", "120", "--connections", "2", "--window", "10"),
+        *("--prefill", "200", "--phase-timeout", "60", "--json", str(out)),
+    )
+    data = json.loads(out.read_text())
+    assert data["profile"]["name"] == "sustained"
+    assert data["profile"]["content"] == "realistic"
+    ours = data["relays"]["ours"]
+    (kind1,) = ours["rounds"][0]
+    assert kind1["phase"] == "kind1" and kind1["ops"] == 300 and not kind1["errors"], kind1
+    assert [(c["start"], c["end"]) for c in kind1["chunks"]] == [(0, 100), (100, 200), (200, 300)]
+    for chunk in kind1["chunks"]:
+        figures = chunk["figures"]
+        assert figures["ops/s"] and figures["p99 ms"] is not None, chunk
+        assert figures["relay CPU us/op"] is not None and figures["pg CPU us/op"] is not None
+    assert [c["chunk"] for c in ours["chunk_medians"]["kind1"]] == ["0-100", "100-200", "200-300"]
+    # the run started from the prefilled copy: its rows, then the 300 notes ingested
+    prefilled = data["prefill"]
+    assert prefilled["size"] == 200 and 0 < prefilled["rows"] <= 200, prefilled
+    assert ours["stored"] == [prefilled["rows"] + 300], ours["stored"]
+    assert (Path(prefilled["directory"]) / "filled.json").exists()
+    assert "By chunk of answers" in proc.stdout and "- prefill: ours starts from" in proc.stdout
+    assert list((tmp_path / "cache").glob("kind1_realistic-300-s1-a1000-*.msgpack"))
+
+
+def test_compare_reads_profile(tmp_path: Path, bench_home: Path) -> None:
+    """`bench compare --profile reads` at a tiny size: the notes stored, then the
+    authors REQs 8 x 8 and the probe 8 x 1, every REQ answered. Nothing timed."""
+    import json
+
+    out = tmp_path / "run.json"
+    proc = _bench(
+        tmp_path,
+        bench_home,
+        *("compare", "--relays", "ours", "--profile", "reads", "--rounds", "1", "--settle", "0"),
+        *("--events", "300", "--reqs", "60", "--probe-reqs", "20", "--json", str(out)),
+        *("--phase-timeout", "60"),
+    )
+    (round_,) = json.loads(out.read_text())["relays"]["ours"]["rounds"]
+    phases = {p["phase"]: p for p in round_}
+    assert [p["phase"] for p in round_] == ["kind1", "req", "probe"]
+    assert (phases["kind1"]["ops"], phases["req"]["ops"], phases["probe"]["ops"]) == (300, 60, 20)
+    assert not any(p["errors"] for p in round_), round_
+    assert phases["req"]["returned"] > 0 and phases["probe"]["returned"] > 0, round_
+    assert "probe: 20 of the same REQ, 8 connections x 1 in flight" in proc.stdout
+    assert "### REQ authors probe, 1 in flight" in proc.stdout
+
+
+def test_prefill_store_is_kept_per_schema(tmp_path: Path) -> None:
+    """A checkout with another migration gets a store of its own (the kept directory's
+    name carries a hash of the migrations)."""
+    from bench.prefill import schema_key
+
+    (tmp_path / "migrations").mkdir()
+    (tmp_path / "migrations" / "0001_init.sql").write_text("CREATE TABLE a (x int);")
+    first = schema_key(tmp_path)
+    assert schema_key(tmp_path) == first
+    (tmp_path / "migrations" / "0002_more.sql").write_text("CREATE TABLE b (x int);")
+    assert schema_key(tmp_path) != first
+    assert schema_key(ROOT) != first
