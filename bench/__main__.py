@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "abuse": "other clients' EVENT and REQ latency under a live-search flood and 41 KB tag REQs",
     "tagvalues": "a REQ's latency by how many tag values it names (16, 256, 1,024)",
     "prefill": "a kept store of N events that compare --prefill N starts ours from",
+    "ab": "a bench command alternated on two checkouts' relays: rounds, medians, interval",
 }
 
 USAGE = (

@@ -365,6 +365,67 @@ def test_compare_reads_profile(tmp_path: Path, bench_home: Path) -> None:
     assert "### REQ authors probe, 1 in flight" in proc.stdout
 
 
+def test_ab_alternates_two_checkouts(tmp_path: Path, bench_home: Path) -> None:
+    """`bench ab` with two tiny rounds: HEAD in a temporary git worktree against this
+    checkout, each round running both with their own relay, the rounds, medians and a
+    verdict per figure reported; the worktree is removed at the end. Nothing timed."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    proc = _bench(
+        tmp_path,
+        bench_home,
+        *("ab", "--before", "HEAD", "--after", str(ROOT), "--rounds", "2", "--"),
+        *("compare", "--relays", "ours", "--rounds", "1", "--settle", "0", "--profile", "reads"),
+        *("--events", "200", "--reqs", "40", "--probe-reqs", "10", "--prefill", "150"),
+        *("--phase-timeout", "60"),
+        timeout=600,
+    )
+    out = proc.stdout
+    worktree = re.search(r"^before: HEAD = \w+ \(worktree\) at (\S+)$", out, re.M)
+    assert worktree, out
+    for k, first, second in ((1, "before", "after"), (2, "after", "before")):
+        runs = re.findall(rf"^\[round {k} (\w+)\] ENGRAM_BENCH_RELAY_ROOT=(\S+) ", out, re.M)
+        assert runs == [
+            (first, worktree.group(1) if first == "before" else str(ROOT)),
+            (second, worktree.group(1) if second == "before" else str(ROOT)),
+        ], out
+    assert out.count("prefill: reusing") == 3, out  # filled once, then copied
+    section = out.split("### ingest kind-1")[1]
+    row = re.search(r"^\| ops/s \| ([\d,]+) / ([\d,]+) \| ([\d,]+) / ([\d,]+) \|", section, re.M)
+    assert row, out
+    assert "too few rounds for 95% (at least 4 a side)" in section
+    for phase in ("REQ authors limit 10", "REQ authors probe, 1 in flight"):
+        assert f"### {phase}" in out
+    assert not Path(worktree.group(1)).exists()
+    assert (
+        worktree.group(1)
+        not in subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True
+        ).stdout
+    )
+
+
+def test_ab_interval_needs_rounds_and_sees_a_shift() -> None:
+    """The shift's interval (exact Mann-Whitney): none below 4 rounds a side at 95 %;
+    a clear shift is outside it, the same values shuffled are inside."""
+    import math
+
+    from bench.ab import rounds_needed, shift, u_counts, verdict
+
+    assert all(sum(u_counts(n, m)) == math.comb(n + m, n) for n in range(6) for m in range(6))
+    assert rounds_needed(0.95) == 4
+    few = shift([1.0, 2.0, 3.0], [10.0, 11.0, 12.0])
+    assert few.low is None and "too few rounds" in verdict(few, "ops/s", 0.95)
+    before = [10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0, 17.0]
+    moved = shift(before, [x + 10 for x in before])
+    assert moved.estimate == 10 and (moved.low, moved.high) == (7, 13)
+    assert moved.confidence >= 0.95
+    assert verdict(moved, "ops/s", 0.95) == "outside: a finding (after better)"
+    assert verdict(moved, "p99 ms", 0.95) == "outside: a finding (after worse)"
+    same = shift(before, [13.0, 10.0, 17.0, 12.0, 15.0, 11.0, 16.0, 14.0])
+    assert same.estimate == 0 and verdict(same, "ops/s", 0.95) == "inside the interval: noise"
+
+
 def test_prefill_store_is_kept_per_schema(tmp_path: Path) -> None:
     """A checkout with another migration gets a store of its own (the kept directory's
     name carries a hash of the migrations)."""
