@@ -299,7 +299,8 @@ def report(
                     if s.low is not None and s.high is not None
                     else "[-]"
                 )
-                change = f"{'+' if s.estimate >= 0 else '-'}{fmt(abs(s.estimate), figure)}"
+                est = s.estimate if abs(s.estimate) > 1e-9 else 0.0  # CPU sums' float dust
+                change = f"{'+' if est >= 0 else '-'}{fmt(abs(est), figure)}"
                 cells = [f"{change} {interval}", verdict(s, figure, confidence)]
             else:
                 cells = ["-", "one side has no figure"]
