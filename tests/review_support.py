@@ -180,3 +180,33 @@ async def refusing_relay(upstream: str, port: int = 0) -> AsyncIterator[str]:
 
     async with fake_relay(handler, port) as url:
         yield url
+
+
+@contextlib.asynccontextmanager
+async def truncating_relay(upstream: str, keep: int, port: int = 0) -> AsyncIterator[str]:
+    """A relay in front of `upstream` that answers each REQ with at most `keep` events and
+    ignores `until` (the same newest events again): a listing that cannot be paged to the
+    end. Everything else (AUTH, EVENT) passes through. On `port`, as `refusing_relay`."""
+
+    async def handler(client: ServerConnection) -> None:
+        async with websockets.connect(upstream, max_size=None) as relay:
+
+            async def up() -> None:
+                async for raw in client:
+                    msg = msgspec.json.decode(raw)
+                    if isinstance(msg, list) and msg[:1] == ["REQ"]:
+                        filters = [
+                            {k: v for k, v in f.items() if k != "until"} | {"limit": keep}
+                            for f in msg[2:]
+                        ]
+                        raw = msgspec.json.encode([*msg[:2], *filters]).decode()
+                    await relay.send(raw)
+
+            async def down() -> None:
+                async for raw in relay:
+                    await client.send(raw)
+
+            await both_ways(up(), down())
+
+    async with fake_relay(handler, port) as url:
+        yield url

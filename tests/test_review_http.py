@@ -23,6 +23,7 @@ from review_support import (
     refusing_relay,
     review_server,
     stand_in_browser,
+    truncating_relay,
 )
 
 from cli.memory import AgentMemory, NotFoundError
@@ -587,6 +588,57 @@ async def test_relay_down_is_a_page_that_says_so(
             r = await http.get(s.at(path))
             assert r.status_code == 502, (path, r.status_code)
             assert down in r.text
+
+
+async def test_a_partial_read_says_so_on_every_view_and_moves_no_mark(
+    relay: RelayProcess,
+    keys: Keys,
+    seeded: AgentMemory,
+    tmp_path: Path,
+    http: httpx.AsyncClient,
+    proxy_port: int,
+) -> None:
+    """With a relay down, or a relay whose listing cannot be paged to the end, the list,
+    the core graph and the changes say what the relays said and that the read is
+    incomplete; the changes call nothing gone that the read did not find, and no visit
+    mark is taken from such a read (neither by the button nor when the server stops).
+    Negative twin: a complete read moves the mark and reports a removal."""
+    state = tmp_path / "data"
+    await seeded.set("notes/partial", "here on the first visit")
+    async with review_server(keys.agent_env(relay.url), log_dir=tmp_path, state_dir=state) as s:
+        assert "Incomplete read" not in (await http.get(s.at("changes"))).text
+    (mark,) = (state / "engram-relay" / "review").iterdir()
+    before = mark.read_bytes()
+    down = f"ws://127.0.0.1:{closed_port()}"
+    async with truncating_relay(relay.url, 2, proxy_port) as cut:
+        for relays, said in ((f"{relay.url},{down}", down), (cut, "ignores `until`")):
+            env = keys.agent_env(relays)
+            async with review_server(env, log_dir=tmp_path, state_dir=state) as server:
+                for path in ("", "?show=gone", "core", "changes"):
+                    r = await http.get(server.at(path))
+                    assert r.status_code == 200, (path, r.text)
+                    assert 'id="partial"' in r.text and said in r.text, (relays, path)
+                listed = (await http.get(server.at(""))).text
+                assert re.search(r"at least \d+ live \(incomplete\)", listed)
+                changes = (await http.get(server.at("changes"))).text
+                assert "no relay serves any more" not in changes
+                assert '<tr class="removed">' not in changes
+                assert 'id="mark-seen" disabled' in changes and 'id="no-mark"' in changes
+                if relays == cut:  # 2 events of the memory: the rest were not read
+                    assert 'id="unread"' in changes
+                seen = await http.post(
+                    server.at("changes/seen"), data={"csrf": csrf_of(changes, "/changes/seen")}
+                )
+                assert seen.status_code == 409 and "not marked" in seen.text
+            assert mark.read_bytes() == before, relays
+    # the twin: a complete read reports the removal and moves the mark
+    await seeded.rm("notes/partial")
+    async with review_server(keys.agent_env(relay.url), log_dir=tmp_path, state_dir=state) as s:
+        changes = (await http.get(s.at("changes"))).text
+        assert 'id="partial"' not in changes and 'id="mark-seen">' in changes
+        assert re.search(r'<tr class="removed">\s*<td>removed</td>\s*<td class="slug"><a[^>]*>'
+                         r"mem/notes/partial", changes)  # fmt: skip
+    assert mark.read_bytes() != before
 
 
 async def test_bad_key_is_one_line_exit_1(tmp_path: Path, relay: RelayProcess) -> None:

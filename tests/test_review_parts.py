@@ -102,16 +102,29 @@ def test_changes_since_a_mark(tmp_path: Path) -> None:
         SetReport(),
     )
     mark.heads["d-mem/a2"] = ("emem/a2", 1)
-    found = [(c.kind, c.slug) for c in changes(after, mark)]
+    found = [(c.kind, c.slug) for c in changes(after, mark).items]
     assert found == [
         ("new", "mem/new"),
         ("changed", "mem/b"),
         ("denied", "mem/a2"),
         ("removed", "mem/c"),
     ]
-    assert [c.kind for c in changes(after, None)] == ["new"] * 4  # no visit yet: all new
+    assert [c.kind for c in changes(after, None).items] == ["new"] * 4  # no visit: all new
     gone = Snapshot({}, None, {}, SetReport())
-    assert {(c.kind, c.slug) for c in changes(gone, mark)} == {("removed", None)}
+    assert {(c.kind, c.slug) for c in changes(gone, mark).items} == {("removed", None)}
+    assert changes(gone, mark).unread == 0
+    # a partial read (a relay failed, or was not read to the end) calls nothing gone that
+    # it did not find: those are counted; what it found (a tombstone) is still reported
+    for report in (
+        SetReport(failed={"ws://down": "connection refused"}),
+        SetReport(incomplete={"ws://cut": "the relay ignores `until`"}),
+    ):
+        partial = Snapshot(after.live, after.core, after.gone, report)
+        assert not partial.complete and after.complete
+        got = changes(partial, mark)
+        assert [(c.kind, c.slug) for c in got.items] == found and got.unread == 0
+        nothing = changes(Snapshot({}, None, {}, report), mark)
+        assert nothing.items == [] and nothing.unread == len(mark.heads)
 
 
 def test_mark_file_is_private_and_round_trips(tmp_path: Path) -> None:

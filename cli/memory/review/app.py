@@ -206,7 +206,8 @@ class Review:
 
     async def snapshot(self, *, audit: bool = False) -> Snapshot:
         snap = await take(self.memory, audit=audit)
-        self.last_shown = visits.Mark.of(snap, int(time.time()))
+        if snap.complete:  # a partial read never becomes the visit mark
+            self.last_shown = visits.Mark.of(snap, int(time.time()))
         return snap
 
     def finish(self) -> None:
@@ -251,6 +252,8 @@ class Review:
             422 if search_error else 200,
             title="Memories",
             snap=snap,
+            report=snap.report,
+            partial=not snap.complete,
             rows=rows,
             total=len(snap.live) + (snap.core is not None),
             query=query,
@@ -336,6 +339,8 @@ class Review:
             "core.html",
             title="Core and its links",
             snap=snap,
+            report=snap.report,
+            partial=not snap.complete,
             picture=layout(snap),
             reachable=reachable,
             orphans=orphans,
@@ -349,13 +354,24 @@ class Review:
             "changes.html",
             title="Changes since your last visit",
             snap=snap,
+            report=snap.report,
+            partial=not snap.complete,
             baseline=self.baseline,
             changes=visits.changes(snap, self.baseline),
         )
 
     async def mark_seen(self, request: Request) -> Response:
-        """The heads on the relays now (not those the page showed) become the mark."""
-        self.baseline = visits.Mark.of(await self.snapshot(), int(time.time()))
+        """The heads on the relays now (not those the page showed) become the mark; not
+        from a partial read (409: nothing saved)."""
+        snap = await self.snapshot()
+        if not snap.complete:
+            why = "; ".join(snap.report.warnings()[:5])
+            raise FormError(
+                409,
+                "not marked: not every relay was read to the end, and a mark from a partial "
+                f"read would call what it missed new next time ({why}). Nothing was saved.",
+            )
+        self.baseline = visits.Mark.of(snap, int(time.time()))
         visits.save(self.mark_path, self.baseline)
         return RedirectResponse(f"{request.scope.get('root_path', '')}/changes", 303)
 

@@ -61,6 +61,13 @@ class Snapshot:
     findings: dict[str, list[Finding]] = field(default_factory=dict)  # slug -> audit findings
     audit_error: str | None = None  # why the audit could not run (the rows say None)
 
+    @property
+    def complete(self) -> bool:
+        """Every relay of the set answered and was read to the end. Otherwise a memory
+        may be missing, or show an older version than some relay holds: the pages say
+        so, nothing is reported gone for not being read, and no visit mark is taken."""
+        return not self.report.failed and not self.report.incomplete
+
     def referenced_by(self, slug: str) -> list[str]:
         """Slugs (core first) whose value links to `slug`."""
         return [source for source, targets in self.edges.items() if slug in targets]

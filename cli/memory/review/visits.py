@@ -7,7 +7,9 @@ tag (the address every relay already sees) with the event id and time of its hea
 
 A visit is one run of `engram review`: the mark read at start is the baseline of the
 changes page for the server's life; the owner moves it on the page ("mark as seen"), and
-when the server stops it is moved to the heads last shown on any page.
+when the server stops it is moved to the heads last shown on any page. Only a complete
+read (every relay answered, each read to the end) makes a mark: a partial one would
+drop the memories it missed, and the next visit would call them new.
 """
 
 from __future__ import annotations
@@ -84,9 +86,19 @@ class Change:
     row: Row | None  # what it reads as now (a removal, denial or forget: no value)
 
 
-def changes(snapshot: Snapshot, mark: Mark | None) -> list[Change]:
+@dataclass(frozen=True)
+class Changes:
+    """The changes against a mark, and how many memories of the mark this read did not
+    find but cannot call gone (`unread`: a relay failed or was not read to the end)."""
+
+    items: list[Change]
+    unread: int = 0
+
+
+def changes(snapshot: Snapshot, mark: Mark | None) -> Changes:
     """New and changed memories (newest first), then those no longer live (removed,
-    denied, forgotten), against `mark`."""
+    denied, forgotten), against `mark`. A memory the read did not find is gone only when
+    the read is complete; otherwise it is counted in `unread`, never reported gone."""
     seen = mark.heads if mark is not None else {}
     rows = [*snapshot.live.values(), *([snapshot.core] if snapshot.core else [])]
     out = [
@@ -96,8 +108,12 @@ def changes(snapshot: Snapshot, mark: Mark | None) -> list[Change]:
     ]
     now_live = {r.d for r in rows}
     tombs = {r.d: r for r in snapshot.gone.values()}
+    unread = 0
     for d in sorted(seen):
         if d not in now_live:
             row = tombs.get(d)
+            if row is None and not snapshot.complete:
+                unread += 1
+                continue
             out.append(Change(row.state if row else "removed", row.slug if row else None, row))
-    return out
+    return Changes(out, unread)
