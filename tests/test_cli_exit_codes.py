@@ -4,6 +4,10 @@ and anything unexpected (4). Scripted websocket servers stand in for misbehaving
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
+import os
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +16,9 @@ import msgspec
 import pytest
 import typer
 from cli_support import (
+    ENGRAM,
+    PROCESS_BOUND,
+    ROOT,
     Keys,
     engram_async,
     fake_relay,
@@ -22,6 +29,8 @@ from cli_support import (
 from typer.testing import CliRunner
 
 from cli.commands.mem_common import MemGroup
+from cli.memory.api import AgentMemory
+from cli.nostr.identity import load_identity
 
 Frames = list[list[Any]]
 
@@ -167,3 +176,42 @@ def test_unexpected_errors_are_exit_4_on_one_line() -> None:
     result = CliRunner().invoke(app, ["boom"])
     assert result.exit_code == 4
     assert result.output == "engram: unexpected error: RuntimeError: something odd with two lines\n"
+
+
+def _audit_through_a_pipe(env: dict[str, str], read_all: bool) -> tuple[int, bytes, bytes]:
+    """`engram mem audit` with stdout a 4 KiB pipe: read to the end, or read one byte and
+    close the read end while the command still has findings to print."""
+    r, w = os.pipe()
+    fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, 4096)  # its output (~13 KB) cannot all fit
+    proc = subprocess.Popen(
+        [*ENGRAM, "mem", "audit", "--timeout", "120"],
+        stdin=subprocess.DEVNULL,
+        stdout=w,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
+    os.close(w)
+    with os.fdopen(r, "rb") as out:
+        got = out.read() if read_all else out.read(1)
+    _, err = proc.communicate(timeout=PROCESS_BOUND)
+    return proc.returncode, got, err
+
+
+async def test_a_closed_pipe_keeps_the_commands_exit_code(start_relay) -> None:
+    """`engram mem audit | head` (issue 46): the reader leaving early is not bad input, so
+    the audit's own exit 6 stands, with no traceback; read whole, the same exit 6."""
+    keys = Keys.fresh()
+    lone, empty = start_relay(), start_relay()
+    me = load_identity(None, keys.owner, None, env={"ENGRAM_PRIVATE_KEY": keys.agent_sk.hex()})
+    memory = AgentMemory(me, [lone.url], timeout=60)
+    for i in range(40):  # on one relay only: each is a version the other relay misses
+        await memory.set(f"notes/{'long-' * 10}{i}", f"value {i}")
+    await memory.close()
+    env = keys.agent_env(f"{lone.url},{empty.url}")
+    code, everything, err = await asyncio.to_thread(_audit_through_a_pipe, env, True)
+    assert code == 6, err.decode()
+    assert everything.count(b"\n") >= 40 and len(everything) > 3 * 4096, everything[:300]
+    code, _, err = await asyncio.to_thread(_audit_through_a_pipe, env, False)
+    assert code == 6, err.decode()
+    assert b"Traceback" not in err and b"Broken pipe" not in err, err.decode()

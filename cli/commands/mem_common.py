@@ -14,9 +14,12 @@ key; decrypted text goes only to stdout of `get`, `search` (snippets), `diff` an
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
+import os
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -60,10 +63,14 @@ class MemGroup(TyperGroup):
     """
 
     def invoke(self, ctx: Any) -> Any:
+        with stdout_reader_may_leave():
+            return self._invoke(ctx)
+
+    def _invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except (typer.Exit, typer.Abort, BrokenPipeError):
-            raise  # typer's own handling: exit codes, and a quiet exit when stdout is closed
+            raise  # typer's own handling: exit codes (stdout's closed pipe: see below)
         except UsageError as exc:
             fail(exc.format_message(), 1)  # type: ignore[attr-defined]
         except Exception as exc:
@@ -75,6 +82,60 @@ class MemGroup(TyperGroup):
             if isinstance(exc, EngramError):  # invalid slug, body too large: the user's input
                 fail(str(exc), 1)
             fail(f"unexpected error: {type(exc).__name__}: {exc}", 4)
+
+
+class _StdoutFd(io.RawIOBase):
+    """stdout's file descriptor, for a reader that may leave early (`engram mem audit |
+    head`). A closed pipe is not bad input: the first write that finds the reader gone
+    points the descriptor at /dev/null (Python's SIGPIPE note), so the rest of the output,
+    and the flush at exit, go nowhere instead of ending the command with exit 1; the
+    command finishes and its own exit code stands."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data: Any) -> int:
+        try:
+            return os.write(self._fd, data)
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._fd)
+            os.close(devnull)
+            return len(memoryview(data))
+
+
+@contextlib.contextmanager
+def stdout_reader_may_leave() -> Iterator[None]:
+    """sys.stdout over `_StdoutFd` while a command runs, when stdout is a real descriptor
+    (a test's captured stdout is left alone)."""
+    before = sys.stdout
+    try:
+        fd = before.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        yield
+        return
+    before.flush()
+    sys.stdout = io.TextIOWrapper(
+        io.BufferedWriter(_StdoutFd(fd)),
+        encoding=before.encoding,
+        errors=before.errors,
+        line_buffering=before.line_buffering,
+    )
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout = before
 
 
 mem_app = typer.Typer(
