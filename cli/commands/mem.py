@@ -401,6 +401,10 @@ def recall(
     valid now. Ranked on this machine after decryption (words and a packaged embedding
     model, fused); the query never leaves it. The index is cached, encrypted, in the
     user's data directory and brought up to date from the relays on each run.
+
+    The score only orders this query's answers: it is relative to the query's other
+    candidates (the best match scores near 1), not a probability, not comparable across
+    queries, and the best of unrelated memories still gets one.
     """
     from cli.memory.recall.present import hit_json, hit_line
 
