@@ -234,6 +234,23 @@ def event_frame(sub_prefix: bytes, raw_event: bytes) -> bytes:
     return sub_prefix + raw_event + b"]"
 
 
+class _Author(msgspec.Struct):
+    pubkey: str
+    kind: int
+
+
+_author = msgspec.json.Decoder(_Author)
+
+
+def raw_author(raw: bytes) -> tuple[str, int]:
+    """The author and kind of a stored event's raw JSON; ValueError if it has none."""
+    try:
+        head = _author.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(str(exc)) from exc
+    return head.pubkey, head.kind
+
+
 def raw_id(raw: bytes) -> str:
     """The id of an event encoded by `encode_event` (its first member, at a fixed offset)."""
     if raw[:7] != b'{"id":"':

@@ -10,12 +10,14 @@ races between writers, migrations, plans, outages) is in test_store_postgres.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
 import msgspec
 import pytest
+from relay_fixtures import until
 
 from engram.nip01 import Event, pubkey_of
 from engram.nip62 import KIND_GIFT_WRAP, KIND_VANISH
@@ -99,14 +101,26 @@ class Scoped:
 async def backend(
     request: pytest.FixtureRequest, module_database_url: str
 ) -> AsyncIterator[EventStore]:
-    """Each store once per module; Postgres and the router share one database."""
+    """Each store once per module; Postgres and the router share one database. The
+    router runs its bus, as the relay does: its REQs for authors' newest events are
+    answered from its read cache (relay.store.readcache), PostgresStore's all by
+    statements (no bus, no cache)."""
     store: EventStore
+    bus = None
     if request.param == "memory":
         store = MemoryStore()
+    elif request.param == "postgres":
+        store = await PostgresStore.open(module_database_url, Settings())
     else:
-        opener = PostgresStore if request.param == "postgres" else StoreRouter
-        store = await opener.open(module_database_url, Settings())
+        router = await StoreRouter.open(module_database_url, Settings())
+        bus = asyncio.create_task(router.bus.run(lambda _tenant, _raw: None))
+        await until(router.control.read_cache_current, "the router's bus is current")
+        store = router
     yield store
+    if bus is not None:
+        bus.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await bus
     await store.close()
 
 

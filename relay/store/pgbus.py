@@ -77,6 +77,8 @@ class PostgresBusRows(PostgresBase):
     """The store's side of the bus: the wake-up after a commit, the tail's position and
     reads, NOTIFY. Mixed into PostgresStore (relay.store.pgbase)."""
 
+    rows_seen: Callable[[list[tuple[str, bytes]], bool], None]  # relay.store.pgreader
+
     def _init_bus(self) -> None:
         self.bus_held_back = False  # set by bus_read (PostgresBus reports it)
         self._waking: asyncio.Task[None] | None = None  # the bus wake-up in flight
@@ -134,6 +136,7 @@ class PostgresBusRows(PostgresBase):
             await self.replicas.note_position()
         out = [(r[1], r[2]) for r in rows if r[2] is not None and r[3] != self.node_id]
         self.bus_held_back = bool(rows[0][4])  # a running transaction holds the tail back
+        self.rows_seen(out, self.bus_held_back)  # before they go live (the read cache)
         return rows[0][0], out
 
 

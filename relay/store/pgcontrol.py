@@ -31,6 +31,8 @@ class PostgresControl(PostgresBase):
     """The control side of PostgresStore (for one database; StoreRouter's StoreControl
     spans them)."""
 
+    forget_reads: Callable[[], None]  # relay.store.pgreader (its read cache)
+
     async def tenant_version(self) -> int:
         """Version of the tenant configuration (bumped on every change)."""
         try:
@@ -59,6 +61,8 @@ class PostgresControl(PostgresBase):
         except ADMIN_ERRORS as exc:
             log.error("administrative action failed: %s", failure(exc))
             raise StoreError(Reason.ERROR(f"database error: {failure(exc)}")) from exc
+        finally:
+            self.forget_reads()  # a ban deletes rows no event announces (readcache)
 
     async def ping(self) -> bool:
         """True if the database answers within 5 seconds."""

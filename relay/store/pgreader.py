@@ -4,30 +4,39 @@ The statements are built by relay.store.sqlread (REQ) and relay.store.sqlcount (
 NIP-77); they run on the read slots, shared round-robin over client addresses and
 coalesced when concurrent reads have one shape (relay.store.readbatch), or on a healthy,
 caught-up read replica (relay.store.replicas). A NIP-77 set is read off the REQ slots.
+A REQ for authors' newest events is answered from memory when it can be
+(relay.store.readcache: the store's writer, its bus and its admin actions keep it
+current through `changed`, `rows_seen` and `forget_reads`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import time
 from typing import Any
 
 import asyncpg
 
+from engram.nip01 import is_hex
 from relay.config import DEFAULT_PRIVATE, Settings
 from relay.filters import Filter
 from relay.store import DEFAULT_TENANT, StoreError
 from relay.store.pgbase import DB_ERRORS, PostgresBase, failure
 from relay.store.readbatch import ReadBatcher
+from relay.store.readcache import Need, Needs, ReadCache, plan
 from relay.store.sqlcount import build_count, build_items
-from relay.store.sqlread import build_query
-from relay.wire import Reason
+from relay.store.sqlread import build_prefix, build_query
+from relay.wire import Reason, raw_author
 
 log = logging.getLogger("relay.store")
 
 
 class PostgresReader(PostgresBase):
     """The reads of PostgresStore (EventReads)."""
+
+    bus_held_back: bool  # relay.store.pgbus.PostgresBusRows
 
     def _init_reader(self, pool: asyncpg.Pool, settings: Settings) -> None:
         self._query_timeout = settings.query_timeout_seconds
@@ -39,6 +48,54 @@ class PostgresReader(PostgresBase):
             settings.read_concurrency,
             settings.negentropy_read_concurrency,
         )
+        self.read_cache: ReadCache | None = None
+        if settings.read_cache_bytes > 0:
+            self.read_cache = ReadCache(settings.read_cache_bytes, settings.read_cache_seconds)
+        # the cache answers only while the bus is current: a tail read, not held back,
+        # within two polls (it reads at least once a poll); never before the first
+        self._bus_current_at = -math.inf
+        self._bus_current_for = 2 * settings.bus_poll_seconds + 0.5
+
+    # --- what keeps the cache current (relay.store.readcache) ----------------------------
+
+    def changed(self, tenant: str, pubkey: bytes, kind: int) -> None:
+        """The writer stored an event of `pubkey` (before it answers): forget what it may
+        have changed."""
+        if self.read_cache is not None:
+            self.read_cache.changed(tenant, pubkey, kind)
+
+    def rows_seen(self, rows: list[tuple[str, bytes]], held: bool) -> None:
+        """The bus read other nodes' rows (before it hands them on): forget what they may
+        have changed; the cache is current again if no running transaction held the
+        tail back."""
+        cache = self.read_cache
+        if cache is None:
+            return
+        for tenant, raw in rows:
+            try:
+                pubkey, kind = raw_author(raw)
+                author = bytes.fromhex(pubkey)
+            except ValueError:  # not an event this relay wrote: nothing of it is trusted
+                cache.forget_tenant(tenant)
+                continue
+            cache.changed(tenant, author, kind)
+        if not held:
+            self._bus_current_at = time.monotonic()
+
+    def read_cache_current(self) -> bool:
+        """Whether REQs may be answered from the cache now (see _init_reader)."""
+        return (
+            self.read_cache is not None
+            and not self.bus_held_back
+            and time.monotonic() - self._bus_current_at <= self._bus_current_for
+        )
+
+    def forget_reads(self) -> None:
+        """After an administrative action (bans, a sweep): the cache starts empty."""
+        if self.read_cache is not None:
+            self.read_cache.clear()
+
+    # --- EventReads -----------------------------------------------------------------------
 
     async def query(
         self,
@@ -48,7 +105,12 @@ class PostgresReader(PostgresBase):
         private: frozenset[int] = DEFAULT_PRIVATE,
     ) -> list[bytes]:
         """Raw events matching any filter: created_at desc, id asc, each filter limited."""
-        built = build_query(filters, tenant, viewer, int(time.time()), private, *self._scan)
+        now = int(time.time())
+        if self.read_cache_current():
+            cached = await self._cached(filters, tenant, viewer, now, private)
+            if cached is not None:
+                return cached
+        built = build_query(filters, tenant, viewer, now, private, *self._scan)
         if built is None:
             return []
         rows = await self._fetch(*built)
@@ -56,6 +118,42 @@ class PostgresReader(PostgresBase):
             return [r[0] for r in rows]
         merged = {r[2]: r for r in rows}  # the same event may match several filters
         return [r[0] for r in sorted(merged.values(), key=lambda r: (-r[1], r[2]))]
+
+    async def _cached(
+        self,
+        filters: list[Filter],
+        tenant: str,
+        viewer: str | None,
+        now: int,
+        private: frozenset[int],
+    ) -> list[bytes] | None:
+        """The answer from the cache (filling the prefixes it lacks), or None."""
+        cache = self.read_cache
+        assert cache is not None
+        plans = []
+        for f in filters:
+            p = plan(f)
+            if p is None:
+                return None
+            plans.append(p)
+        v = bytes.fromhex(viewer) if viewer is not None and is_hex(viewer, 64) else None
+        got = cache.answer(plans, filters, tenant, v, now, time.monotonic(), private)
+        if isinstance(got, Needs):
+            await asyncio.gather(*(self._fill(tenant, need, now) for need in got))
+            got = cache.answer(plans, filters, tenant, v, now, time.monotonic(), private)
+        return None if isinstance(got, Needs) else got
+
+    async def _fill(self, tenant: str, need: Need, now: int) -> None:
+        """Read one author's prefix into the cache (dropped if a change overtakes it)."""
+        cache = self.read_cache
+        assert cache is not None
+        fill = cache.begin(tenant, need)
+        try:
+            rows = await self._fetch(*build_prefix(tenant, *need, now))
+        except BaseException:
+            cache.end(fill)
+            raise
+        cache.put(fill, rows, time.monotonic())
 
     async def count(
         self,

@@ -107,6 +107,7 @@ class PostgresWriter(ByEnqueue, PostgresBase):
     """The writes of PostgresStore (EventWrites)."""
 
     _wake_nodes: Callable[[], None]  # relay.store.pgbus.PostgresBusRows
+    changed: Callable[[str, bytes, int], None]  # relay.store.pgreader (its read cache)
 
     def _init_writer(self, settings: Settings) -> None:
         self._batch_max = max(1, settings.write_batch_max)
@@ -170,14 +171,22 @@ class PostgresWriter(ByEnqueue, PostgresBase):
                 if self.replicas is not None:  # before any OK: read-your-writes
                     await self.replicas.note_position()
             except BaseException as exc:  # a bug or cancellation: never leave callers hanging
+                self._written(batch)
                 self._writer_failed(batch, results, exc)
                 if not isinstance(exc, Exception):
                     raise
                 continue
+            self._written(batch)
             if any(r.status is SaveStatus.STORED for r in results):
                 self._wake_nodes()
             for p, result in zip(batch, results, strict=True):
                 p.answer(result)
+
+    def _written(self, batch: list[Pending]) -> None:
+        """Before any answer or live delivery: what the batch may have changed is read
+        from the database again (relay.store.readcache), committed or not."""
+        for p in batch:
+            self.changed(p.tenant, p.row[1], p.row[3])
 
     def _writer_failed(
         self, batch: list[Pending], results: list[SaveResult] | None, exc: BaseException

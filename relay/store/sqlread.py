@@ -347,6 +347,31 @@ SEARCH_WALK = 1_000
 SEARCH_WINDOW = 20_000
 
 
+# The columns of an author's prefix (relay.store.readcache.Row): what the cache applies
+# NIP-40 and the private read gate with.
+PREFIX_COLUMNS = "raw, created_at, id, kind, owner, expires_at"
+
+
+def build_prefix(
+    tenant: str, author: bytes, kinds: tuple[int, ...] | None, n: int, now: int
+) -> tuple[str, list[Any]]:
+    """The newest `n` events of one author (of `kinds`, or every kind) not expired at
+    `now`, private kinds included, in the store's order: what relay.store.readcache
+    keeps, and answers REQs from under the same rules as `_conditions`. Scalar
+    parameters for one kind or none, so concurrent fills run as one statement."""
+    p = Params(tenant, None, now, frozenset())
+    f = Filter(authors=[author.hex()], kinds=None if kinds is None else list(kinds))
+    conds = p.conditions(f)
+    if conds is None:
+        raise ValueError("a prefix names an author and kinds a row can have")
+    where = " AND ".join(["tenant = $1", *conds])
+    limit = p.add(n)
+    return (
+        f"SELECT {PREFIX_COLUMNS} FROM events WHERE {where} {_ORDER} LIMIT {limit}::int8",
+        p.values,
+    )
+
+
 def build_query(
     filters: list[Filter],
     tenant: str,

@@ -1,0 +1,300 @@
+"""An author's newest events in memory: the REQ `{"authors":[k], "limit":n}` without a
+round trip to PostgreSQL.
+
+What is kept: per (tenant, author, kinds named), a prefix of the author's history, newest
+first in the store's order (created_at DESC, id), as PostgreSQL returned it
+(relay.store.sqlread.build_prefix): each row's raw JSON with the columns the read rules
+need (created_at, id, kind, owner, expires_at). It holds every kind the key names, private
+ones included; the rules are applied to it at every answer, exactly as the statement
+would (relay.store.sqlread._conditions): NIP-40 against the clock of the REQ, and the
+private read gate (the tenant's private kinds only to their author or recipient) against
+the REQ's viewer. A prefix answers a filter when it holds `limit` rows the viewer may
+read, or the whole history (fewer rows than it asked for); otherwise the store answers.
+
+Kept consistent with every change the node can see, before that change is acknowledged
+or sent live (the promise a read replica gives, relay.store.replicas):
+- this node's writes: the writer forgets the author of every event of a committed batch
+  before it answers (a replacement, a NIP-09 deletion: the author's own events), and
+  the whole tenant for a NIP-62 request to vanish (it also deletes gift wraps other keys
+  wrote to the author);
+- other nodes' writes: the bus forgets the same for every row it reads, before it hands
+  them on; the cache is used only while the bus is current (a tail read not held back by
+  a running transaction within the last two polls), never by a store without one;
+- deletions no event carries (NIP-86 bans, a ban swept after a reload, any admin action):
+  the whole cache is forgotten after every administrative action;
+- what nothing announces (rows pruned by retention or `engram prune`): a prefix is
+  refilled after `read_cache_seconds`.
+A fill that a change overtakes (the change is seen while the fill's statement runs) is
+dropped, not installed. Bounded by `read_cache_bytes` over all tenants, least recently
+used authors first.
+
+Pure: no I/O, no clock (the caller passes the times); relay.store.pgreader runs the fills.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+from engram.nip01 import is_hex
+from engram.nip62 import KIND_VANISH
+from relay.filters import Filter
+from relay.store.sqlread import kinds_of
+
+# (raw, created_at, id, kind, owner, expires_at): build_prefix's columns, in its order
+Row = tuple[bytes, int, bytes, int, bytes | None, int | None]
+KindsKey = tuple[int, ...] | None  # the kinds a prefix holds (sorted), None: every kind
+
+# The most rows one prefix holds (a larger `limit` reads the store, unless the prefix is
+# the author's whole history), and the most authors one filter may name to be answered
+# here (each is a prefix, and a fill each when missing).
+PREFIX_ROWS_MAX = 500
+AUTHORS_MAX = 8
+# Bytes counted per row on top of its raw JSON: the tuple, its ints, id and owner.
+ROW_OVERHEAD = 240
+
+
+class Prefix:
+    """The newest `asked` rows of one author (of the key's kinds) when it was filled."""
+
+    __slots__ = ("asked", "born", "complete", "rows", "size")
+
+    def __init__(self, rows: list[Row], asked: int, born: float) -> None:
+        self.rows = rows
+        self.asked = asked
+        self.complete = len(rows) < asked  # the whole history (of these kinds)
+        self.born = born
+        self.size = sum(len(r[0]) for r in rows) + ROW_OVERHEAD * (len(rows) + 1)
+
+
+class Fill:
+    """One fill in flight: installed by `ReadCache.put` only if nothing about its author
+    changed meanwhile (`stale`)."""
+
+    __slots__ = ("author", "kinds", "n", "stale", "tenant")
+
+    def __init__(self, tenant: str, author: bytes, kinds: KindsKey, n: int) -> None:
+        self.tenant, self.author, self.kinds, self.n = tenant, author, kinds, n
+        self.stale = False
+
+
+class Need(tuple[bytes, KindsKey, int]):
+    """A prefix to (re)fill before a filter can be answered: (author, kinds, rows)."""
+
+    __slots__ = ()
+
+
+class Needs(list[Need]):
+    """The prefixes to fill before `ReadCache.answer` can answer."""
+
+    __slots__ = ()
+
+
+class Plan:
+    """What one cacheable filter needs: its distinct authors and kinds key."""
+
+    __slots__ = ("authors", "kinds", "limit")
+
+    def __init__(self, authors: list[bytes], kinds: KindsKey, limit: int) -> None:
+        self.authors, self.kinds, self.limit = authors, kinds, limit
+
+
+def plan(f: Filter) -> Plan | None:
+    """The filter as prefixes to read, or None if the cache cannot answer its shape:
+    authors (1 to AUTHORS_MAX) and a limit (1 to PREFIX_ROWS_MAX), optionally kinds,
+    since and until; never ids, tags or search."""
+    if (
+        f.authors is None
+        or f.ids is not None
+        or f.tags
+        or f.search is not None
+        or f.limit is None
+        or not 0 < f.limit <= PREFIX_ROWS_MAX
+    ):
+        return None
+    authors = [bytes.fromhex(a) for a in dict.fromkeys(f.authors) if is_hex(a, 64)]
+    if not authors or len(authors) > AUTHORS_MAX:
+        return None
+    kinds = kinds_of(f)
+    if kinds is not None and not kinds:
+        return None  # matches nothing: the planner says so
+    return Plan(authors, None if kinds is None else tuple(sorted(kinds)), f.limit)
+
+
+def _newest_first(row: Row) -> tuple[int, bytes]:
+    """The store's order: created_at DESC, then the id's bytes."""
+    return -row[1], row[2]
+
+
+class ReadCache:
+    """Prefixes of authors' histories, least recently used first (see the module)."""
+
+    def __init__(self, budget_bytes: int, max_age: float) -> None:
+        self.budget = budget_bytes
+        self.max_age = max_age
+        self.size = 0
+        self._authors: OrderedDict[tuple[str, bytes], dict[KindsKey, Prefix]] = OrderedDict()
+        self._fills: dict[tuple[str, bytes], list[Fill]] = {}
+        self.hits = 0  # REQs answered here (tests and /metrics)
+        self.fills = 0  # prefixes installed
+
+    def __len__(self) -> int:
+        return len(self._authors)
+
+    # --- answers ----------------------------------------------------------------------
+
+    def answer(
+        self,
+        plans: list[Plan],
+        filters: list[Filter],
+        tenant: str,
+        viewer: bytes | None,
+        now: int,
+        clock: float,
+        private: frozenset[int],
+    ) -> list[bytes] | Needs | None:
+        """The raw events of the filters (each its plan), in the store's order; else the
+        prefixes to fill first (Needs), or None when only the store can answer (a prefix
+        too short for the rows the viewer may read)."""
+        per_filter: list[list[Row]] = []
+        needs: dict[tuple[bytes, KindsKey], int] = {}  # the most rows each prefix needs
+        for p, f in zip(plans, filters, strict=True):
+            rows: list[Row] = []
+            for author in p.authors:
+                got = self._rows(tenant, author, p, f, viewer, now, clock, private)
+                if got is None:
+                    return None
+                if isinstance(got, Need):
+                    key = (author, p.kinds)
+                    needs[key] = max(needs.get(key, 0), got[2])
+                elif not needs:
+                    rows.extend(got)
+            if len(p.authors) > 1 and not needs:
+                rows.sort(key=_newest_first)
+                del rows[p.limit :]
+            per_filter.append(rows)
+        if needs:
+            return Needs(Need((a, k, n)) for (a, k), n in needs.items())
+        self.hits += 1
+        if len(per_filter) == 1:
+            return [r[0] for r in per_filter[0]]
+        merged = {r[2]: r for rows in per_filter for r in rows}  # one event, several filters
+        return [r[0] for r in sorted(merged.values(), key=_newest_first)]
+
+    def _rows(
+        self,
+        tenant: str,
+        author: bytes,
+        p: Plan,
+        f: Filter,
+        viewer: bytes | None,
+        now: int,
+        clock: float,
+        private: frozenset[int],
+    ) -> list[Row] | Need | None:
+        """One author's rows for the filter: at most `limit`, those the viewer may read."""
+        entry = self._authors.get((tenant, author))
+        prefix = None if entry is None else entry.get(p.kinds)
+        if prefix is None or clock - prefix.born > self.max_age:
+            return Need((author, p.kinds, p.limit))
+        self._authors.move_to_end((tenant, author))
+        party = viewer == author  # the author reads its own private kinds
+        since, until, limit = f.since, f.until, p.limit
+        out: list[Row] = []
+        for row in prefix.rows:
+            created_at = row[1]
+            if since is not None and created_at < since:
+                return out  # older rows are all before `since`
+            if until is not None and created_at > until:
+                continue
+            expires_at = row[5]
+            if expires_at is not None and expires_at <= now:
+                continue  # NIP-40
+            if row[3] in private and not party and (viewer is None or row[4] != viewer):
+                continue  # the private read gate: author or recipient only
+            out.append(row)
+            if len(out) == limit:
+                return out
+        if prefix.complete:
+            return out
+        if prefix.asked < limit:
+            return Need((author, p.kinds, limit))
+        return None
+
+    # --- fills ------------------------------------------------------------------------
+
+    def begin(self, tenant: str, need: Need) -> Fill:
+        """A fill about to read the store: `put` installs its rows unless a change to the
+        author is seen before then."""
+        author, kinds, n = need
+        fill = Fill(tenant, author, kinds, n)
+        self._fills.setdefault((tenant, author), []).append(fill)
+        return fill
+
+    def end(self, fill: Fill) -> None:
+        """The fill is over (installed or failed): no longer in flight."""
+        key = (fill.tenant, fill.author)
+        fills = self._fills.get(key)
+        if fills is not None:
+            if fill in fills:
+                fills.remove(fill)
+            if not fills:
+                del self._fills[key]
+
+    def put(self, fill: Fill, rows: Iterable[Any], clock: float) -> None:
+        """Install the rows a fill read (build_prefix's columns), unless it is stale."""
+        self.end(fill)
+        if fill.stale or self.budget <= 0:
+            return
+        prefix = Prefix([tuple(r) for r in rows], fill.n, clock)  # type: ignore[misc]
+        if prefix.size > self.budget // 4:
+            return  # one author may not take the cache
+        key = (fill.tenant, fill.author)
+        entry = self._authors.get(key)
+        if entry is None:
+            entry = self._authors[key] = {}
+        else:
+            self._authors.move_to_end(key)
+            old = entry.get(fill.kinds)
+            if old is not None:
+                self.size -= old.size
+        entry[fill.kinds] = prefix
+        self.size += prefix.size
+        self.fills += 1
+        while self.size > self.budget and self._authors:
+            _, evicted = self._authors.popitem(last=False)
+            self.size -= sum(x.size for x in evicted.values())
+
+    # --- changes ----------------------------------------------------------------------
+
+    def changed(self, tenant: str, author: bytes, kind: int) -> None:
+        """An event of `author` was stored (or a row of it seen on the bus): forget what
+        it may have changed, before it is acknowledged or sent live."""
+        if kind == KIND_VANISH:  # also deletes gift wraps of other authors to this one
+            self.forget_tenant(tenant)
+            return
+        key = (tenant, author)
+        entry = self._authors.pop(key, None)
+        if entry is not None:
+            self.size -= sum(x.size for x in entry.values())
+        fills = self._fills.get(key)
+        if fills is not None:
+            for fill in fills:
+                fill.stale = True
+
+    def forget_tenant(self, tenant: str) -> None:
+        for key in [k for k in self._authors if k[0] == tenant]:
+            self.size -= sum(x.size for x in self._authors.pop(key).values())
+        for (t, _), fills in self._fills.items():
+            if t == tenant:
+                for fill in fills:
+                    fill.stale = True
+
+    def clear(self) -> None:
+        """Forget everything, the fills in flight too (after an administrative action)."""
+        self._authors.clear()
+        self.size = 0
+        for fills in self._fills.values():
+            for fill in fills:
+                fill.stale = True
