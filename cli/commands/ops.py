@@ -121,7 +121,11 @@ def new_secret_key() -> bytes:
         return seckey
 
 
-def keygen(as_json: JsonOpt = False) -> None:
+def keygen(
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print JSON instead of aligned name and value lines.")
+    ] = False,
+) -> None:
     """Print a new key pair (nsec/npub and hex). The only command that prints a secret key."""
     from engram.nip01 import pubkey_of
     from engram.nip19 import npub, nsec
