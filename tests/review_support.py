@@ -210,3 +210,36 @@ async def truncating_relay(upstream: str, keep: int, port: int = 0) -> AsyncIter
 
     async with fake_relay(handler, port) as url:
         yield url
+
+
+@dataclass
+class Counted:
+    """A relay in front of a real one that passes everything through and counts the
+    websocket connections made to it: one per relay for each read of a memory."""
+
+    url: str
+    connections: int = 0
+
+
+@contextlib.asynccontextmanager
+async def counting_relay(upstream: str, port: int = 0) -> AsyncIterator[Counted]:
+    """A `Counted` relay in front of `upstream`, on `port` (as `refusing_relay`)."""
+    counted = Counted("")
+
+    async def handler(client: ServerConnection) -> None:
+        counted.connections += 1
+        async with websockets.connect(upstream, max_size=None) as relay:
+
+            async def up() -> None:
+                async for raw in client:
+                    await relay.send(raw)
+
+            async def down() -> None:
+                async for raw in relay:
+                    await client.send(raw)
+
+            await both_ways(up(), down())
+
+    async with fake_relay(handler, port) as url:
+        counted.url = url
+        yield counted

@@ -19,6 +19,7 @@ from relay_fixtures import RelayProcess, free_port, proxied_env, until
 from review_support import (
     REFUSAL,
     ReviewProcess,
+    counting_relay,
     launch_links,
     refusing_relay,
     review_server,
@@ -386,6 +387,50 @@ async def correct(
         server.at(f"act/save/{slug}"),
         data={"value": value, "base": base[1], "csrf": csrf_of(preview.text, f"/act/save/{slug}")},
     )
+
+
+async def test_each_page_reads_the_memory_once(
+    relay: RelayProcess,
+    keys: Keys,
+    seeded: AgentMemory,
+    tmp_path: Path,
+    http: httpx.AsyncClient,
+    proxy_port: int,
+) -> None:
+    """One read of the relays per page (issue 45): the list's live read also serves its
+    audit column; a memory's page reads the slug with its history once, and so does the
+    confirmation of a restore. A read is one connection to the relay (here a proxy that
+    counts them); the negative twin: a page that reads nothing opens none."""
+    log = await seeded.log("people/alice")
+    pages = [
+        "",
+        "?show=gone",
+        "core",
+        "changes",
+        "m/mem/people/alice",
+        "m/mem/absent",
+        f"act/restore/mem/people/alice?rev={log.versions[-1].id}",
+        "act/remove/mem/people/bob",
+    ]
+    async with (
+        counting_relay(relay.url, proxy_port) as counted,
+        review_server(
+            keys.agent_env(counted.url), log_dir=tmp_path, state_dir=tmp_path / "data"
+        ) as server,
+    ):
+        for path in pages:
+            before = counted.connections
+            r = await http.get(server.at(path))
+            assert r.status_code in (200, 404), (path, r.text)
+            assert counted.connections - before == 1, path
+        alice = (await http.get(server.at("m/mem/people/alice"))).text
+        assert "Alice lives in Lisbon." in alice and 'id="audit-state"' in alice
+        assert 'id="timeline"' in alice
+        listed = (await http.get(server.at(""))).text
+        assert '<span class="ok">clean</span>' in listed  # the audit, from the same read
+        before = counted.connections
+        assert (await http.get(server.at("static/review.css"))).status_code == 200
+        assert counted.connections == before
 
 
 async def test_relay_refusal_is_shown_with_the_relays_message(

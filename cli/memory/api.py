@@ -43,6 +43,7 @@ from cli.memory.results import (
     ExportReport,
     ForgetReport,
     ImportReport,
+    Inspection,
     Listing,
     LiveEntry,
     LiveSet,
@@ -230,6 +231,15 @@ class AgentMemory(HistoryOps, VerdictOps, AuditOps, TransferOps, RecallOps, Memo
         once, removed ones too (`engram review`)."""
         read = await self._everything()
         return read.lives(), read.report
+
+    async def inspect(self, slug: str) -> Inspection:
+        """One memory from one read of its history: what it reads as, every version (as
+        `log`; None when it has none), its audit (as `audit(slug)`) and the set's report:
+        for a caller that shows them together (`engram review`'s memory page)."""
+        slug = self.slug(slug)
+        read = await self._slug_read(slug, history=True)
+        log, audited = self._log_of(read, slug), self._audit_of(read, slug)
+        return Inspection(slug, read.live(slug), log, audited, read.report)
 
     async def refs(self) -> Refs:
         """Reachability from core over `[[slug]]` links: reachable, orphans, dangling

@@ -86,11 +86,18 @@ class HistoryOps(MemoryBase):
         trust, source, validity and value hash (never a forgotten version), and the value
         of each version that may be shown (`Log.values`: never a withheld one)."""
         slug = self.slug(slug)
-        read = await self._slug_read(slug, history=True)
+        log = self._log_of(await self._slug_read(slug, history=True), slug)
+        if log is None:
+            raise NotFoundError(f"not found: {slug} (no version)")
+        return log
+
+    @staticmethod
+    def _log_of(read: MemoryRead, slug: str) -> Log | None:
+        """`log` over a history read of `slug`; None when it holds no visible version."""
         every = read.versions.get(slug, [])
         lives = [(v, classify(slug, v, every)) for v in visible(every)]
         if not lives:
-            raise NotFoundError(f"not found: {slug} (no version)")
+            return None
         versions = [info(v, lv) for v, lv in lives]
         values = {v.id: lv.text for v, lv in lives if lv.text is not None}
         return Log(slug, versions, read.report, values)

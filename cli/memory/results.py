@@ -12,6 +12,7 @@ import msgspec
 
 from cli.memory.search import Match
 from engram.chain import Finding
+from engram.live import Live
 
 SKIP_REASONS = {
     1: "bad envelope",
@@ -257,6 +258,19 @@ class AuditReport:
     @property
     def clean(self) -> bool:
         return not self.findings
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """One memory from one read of its history (`AgentMemory.inspect`): what it reads as
+    (`engram.live.Live`), its versions (`log`, None when it has none), its audit, and
+    what the relay set said."""
+
+    slug: str
+    live: Live
+    log: Log | None
+    audit: AuditReport
+    report: SetReport
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The review app: Starlette routes over `AgentMemory`, rendered on the server.
 
-Pages (GET): the memory list (`/`, `?show=gone` for the memories that do not read as
-live), one memory with its history (`/m/SLUG`, `?from=ID&to=ID` compares two versions),
-core as a graph (`/core`), what changed since the last visit (`/changes`). Actions (POST,
+Pages (GET), each from one read of the relays: the memory list (`/`, `?show=gone` for
+the memories that do not read as live, `?links=SLUG` for those that link to SLUG), one
+memory with its history (`/m/SLUG`, `?from=ID&to=ID` compares two versions), core as a
+graph (`/core`), what changed since the last visit (`/changes`). Actions (POST,
 each with its CSRF field): `/act/preview/SLUG` and `/act/save/SLUG` (correct a value),
 `/act/confirm|deny|restore|forget|remove/SLUG`; those that cannot be undone (deny,
 restore, forget, remove) have a GET confirmation page at the same path. After an action
@@ -16,7 +17,6 @@ that `guard.Guard` checks and strips (`root_path`).
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 from collections import OrderedDict
@@ -33,15 +33,15 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from cli.memory.api import AgentMemory, AuditReport, Log, sha256_hex
+from cli.memory.api import AgentMemory, Entry, sha256_hex
 from cli.memory.review import actions, listing, timeline, visits
 from cli.memory.review.actions import Outcome
 from cli.memory.review.diffs import diff_lines, normalize_newlines
 from cli.memory.review.graph import layout
 from cli.memory.review.guard import Csrf, FormError, read_form
-from cli.memory.review.snapshot import Snapshot, take
+from cli.memory.review.snapshot import Row, Snapshot, row_of, take
 from cli.nostr.errors import AgentMemoryError, BadInputError, NotFoundError
-from engram import CORE_SLUG
+from engram import extract_refs
 from engram.live import ended
 from engram.nip19 import npub
 from engram.versions import Meta
@@ -276,29 +276,18 @@ class Review:
             return found, "search"
         return list((await self.memory.recall(q, limit=SEARCH_LIMIT)).hits), "recall"
 
-    async def _log(self, slug: str) -> Log | None:
-        try:
-            return await self.memory.log(slug)
-        except NotFoundError:
-            return None
-
-    async def _audit(self, slug: str) -> AuditReport | str:
-        try:
-            return await self.memory.audit(slug)
-        except (AgentMemoryError, TimeoutError) as exc:
-            return str(exc) or type(exc).__name__
-
     async def memory_page(self, request: Request) -> Response:
+        """One memory from one read of its history (`AgentMemory.inspect`): its value, its
+        outgoing links, its audit and its history."""
         slug = self.slug_of(request)
         params = request.query_params
         flash = self._flash.pop(params.get("r", ""), None)
         outcome = flash[1] if flash is not None and flash[0] == slug else None
-        snap, log, audited = await asyncio.gather(
-            self.snapshot(), self._log(slug), self._audit(slug)
-        )
-        row = snap.core if slug == CORE_SLUG else snap.live.get(slug)
-        gone = snap.gone.get(slug)
-        now_row = row or gone
+        seen = await self.memory.inspect(slug)
+        now_row = row_of(seen.live, self.memory.identity.conversation_key)
+        row = now_row if now_row is not None and now_row.live else None
+        gone = now_row if now_row is not None and not now_row.live else None
+        log = seen.log
         live_sha = sha256_hex(row.value or "") if row is not None else None
         readback = None
         if outcome is not None and outcome.ok and outcome.event_id:
@@ -320,15 +309,14 @@ class Review:
             now_row=now_row,
             sha=live_sha,
             ended=meta is not None and ended(meta, int(time.time())),
-            refs=snap.refs_of(slug),
-            referenced_by=snap.referenced_by(slug),
+            refs=extract_refs(row.value or "") if row is not None else [],
             outcome=outcome,
             readback=readback,
             items=items,
             compared=compared,
             picked=(params.get("from", ""), params.get("to", "")),
-            audited=audited,
-            report=snap.report,
+            audited=seen.audit,
+            report=seen.report,
         )
 
     async def core_page(self, request: Request) -> Response:
@@ -491,19 +479,25 @@ class Review:
     ) -> Response:
         """What the action would do, before it is done: the value now and, for a restore,
         the version to restore and its difference from the value now."""
-        try:
-            entry = await self.memory.get(slug)
-        except NotFoundError:
-            entry = None
+        entry: Row | Entry | None = None
         version = diff = None
-        if action == "restore":
-            log = await self._log(slug)
+        if action == "restore":  # the value now and the version: one read of the history
+            seen = await self.memory.inspect(slug)
+            log = seen.log
+            now = row_of(seen.live, self.memory.identity.conversation_key)
+            entry = now if now is not None and now.live else None
             picked = [v for v in log.versions if v.id == rev] if log else []
             if log is None or not picked:
                 raise FormError(404, f"{slug} has no version {rev or '(none given)'}")
             version = picked[0]
             text = timeline.text_of(log, version)
-            diff = diff_lines(entry.value if entry else "", text) if text is not None else None
+            if text is not None:
+                diff = diff_lines(entry.value or "" if entry else "", text)
+        else:
+            try:
+                entry = await self.memory.get(slug)
+            except NotFoundError:
+                entry = None
         return self.render(
             request,
             "confirm.html",

@@ -44,6 +44,7 @@ class ListQuery:
     audit: str = ""
     show: str = ""
     sort: str = ""
+    links: str = ""  # a slug: only the memories whose value links to it
 
     @classmethod
     def of(cls, params: Mapping[str, str]) -> ListQuery:
@@ -56,6 +57,7 @@ class ListQuery:
             audit=_pick(params, "audit", AUDIT),
             show=_pick(params, "show", SHOW),
             sort=_pick(params, "sort", SORTS),
+            links=params.get("links", "").strip(),
         )
 
     @property
@@ -109,6 +111,8 @@ def select(snap: Snapshot, query: ListQuery, now: int, found: list[str] | None =
         rows.sort(key=SORT_KEYS[query.sort or "slug"])
     if query.contains:
         rows = [r for r in rows if query.contains.lower() in r.slug.lower()]
+    if query.links:
+        rows = [r for r in rows if query.links in snap.edges.get(r.slug, [])]
     if query.by:
         rows = [r for r in rows if r.role == query.by]
     if query.audit == "clean":

@@ -5,20 +5,19 @@ outrank the agent's own state; removed, denied and forgotten memories have no va
 A row carries the version that decides the slug (its id, time, the key that signed it,
 agent or owner, trust, source, validity) and, for a memory that does not read as live,
 its state and the reason the tombstone, denial or forget gave. Reading goes through
-`AgentMemory` only (`views()`, and `audit()` for the list's audit column).
+`AgentMemory` only, one read per page: `views()`, or `audited_views()` for the list,
+whose audit column comes from the same read of the whole history.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from cli.memory.api import AgentMemory, SetReport
-from cli.nostr.errors import AgentMemoryError
+from cli.memory.api import AgentMemory, AuditReport, SetReport
 from engram import CORE_SLUG, d_tag, extract_refs, reachability
 from engram.chain import Finding
-from engram.live import DENIED, LIVE
+from engram.live import DENIED, LIVE, Live
 
 CLEAN = "clean"
 
@@ -59,7 +58,6 @@ class Snapshot:
     report: SetReport
     edges: dict[str, list[str]] = field(default_factory=dict)  # slug -> [[refs]] in order
     findings: dict[str, list[Finding]] = field(default_factory=dict)  # slug -> audit findings
-    audit_error: str | None = None  # why the audit could not run (the rows say None)
 
     @property
     def complete(self) -> bool:
@@ -67,14 +65,6 @@ class Snapshot:
         may be missing, or show an older version than some relay holds: the pages say
         so, nothing is reported gone for not being read, and no visit mark is taken."""
         return not self.report.failed and not self.report.incomplete
-
-    def referenced_by(self, slug: str) -> list[str]:
-        """Slugs (core first) whose value links to `slug`."""
-        return [source for source, targets in self.edges.items() if slug in targets]
-
-    def refs_of(self, slug: str) -> list[tuple[str, bool]]:
-        """`[[links]]` of `slug`, each with whether it resolves to a live memory."""
-        return [(t, t in self.live or t == CORE_SLUG) for t in self.edges.get(slug, [])]
 
     def graph(self) -> tuple[list[str], list[str], list[tuple[str, str]]]:
         """Reachable, orphans, dangling `(from, to)`: `engram.reachability`, the one rule."""
@@ -84,44 +74,48 @@ class Snapshot:
         return found.reachable, found.orphans, found.dangling
 
 
+def row_of(view: Live, conversation_key: bytes) -> Row | None:
+    """`view` (what a slug reads as) as a row; None when it has no version at all."""
+    version = view.version
+    if version is None:
+        return None
+    meta = version.meta
+    decider = view.denial or version  # a withheld value: the verdict says why
+    return Row(
+        view.slug,
+        view.text,
+        version.id,
+        version.created_at,
+        version.author,
+        version.role,
+        d_tag(conversation_key, view.slug),
+        trust=DENIED if view.state == DENIED else meta.trust,
+        source=meta.source if view.live else None,
+        valid_from=meta.valid_from if view.live else None,
+        valid_until=meta.valid_until if view.live else None,
+        state=view.state,
+        reason=None if view.live else decider.meta.reason,
+    )
+
+
 async def take(memory: AgentMemory, *, audit: bool = False) -> Snapshot:
-    """Every slug as it reads, across the relay set (one read); `audit` also runs the
-    mutation audit of the whole memory and fills each row's `audit`."""
+    """Every slug as it reads, across the relay set, from one read: of the heads and
+    verdicts, or (`audit`) of the whole history, which also gives the mutation audit of
+    the whole memory and fills each row's `audit`."""
+    audited: AuditReport | None = None
     if audit:
-        views_got, audited = await asyncio.gather(
-            memory.views(), memory.audit(), return_exceptions=True
-        )
-        if isinstance(views_got, BaseException):
-            raise views_got
-        views, report = views_got
+        views, audited = await memory.audited_views()
+        report = audited.report
     else:
         views, report = await memory.views()
-        audited = None
-    ident = memory.identity
+    key = memory.identity.conversation_key
     live: dict[str, Row] = {}
     gone: dict[str, Row] = {}
     core: Row | None = None
     for slug, view in views.items():
-        version = view.version
-        if version is None:
+        row = row_of(view, key)
+        if row is None:
             continue
-        meta = version.meta
-        decider = view.denial or version  # a withheld value: the verdict says why
-        row = Row(
-            slug,
-            view.text,
-            version.id,
-            version.created_at,
-            version.author,
-            version.role,
-            d_tag(ident.conversation_key, slug),
-            trust=DENIED if view.state == DENIED else meta.trust,
-            source=meta.source if view.live else None,
-            valid_from=meta.valid_from if view.live else None,
-            valid_until=meta.valid_until if view.live else None,
-            state=view.state,
-            reason=None if view.live else decider.meta.reason,
-        )
         if not view.live:
             gone[slug] = row
         elif slug == CORE_SLUG:
@@ -129,12 +123,7 @@ async def take(memory: AgentMemory, *, audit: bool = False) -> Snapshot:
         else:
             live[slug] = row
     findings: dict[str, list[Finding]] = defaultdict(list)
-    error = None
-    if isinstance(audited, AgentMemoryError | TimeoutError):
-        error = str(audited) or type(audited).__name__
-    elif isinstance(audited, BaseException):
-        raise audited
-    elif audited is not None:
+    if audited is not None:
         for finding in audited.findings:
             findings[finding.slug].append(finding)
 
@@ -148,4 +137,4 @@ async def take(memory: AgentMemory, *, audit: bool = False) -> Snapshot:
     edges = {s: extract_refs(r.value or "") for s, r in live.items()}
     if core is not None:
         edges = {CORE_SLUG: extract_refs(core.value or ""), **edges}
-    return Snapshot(live, core, gone, report, edges, dict(findings), error)
+    return Snapshot(live, core, gone, report, edges, dict(findings))
