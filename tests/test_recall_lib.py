@@ -149,3 +149,135 @@ def test_the_cache_written_a_member_at_a_time_loads_as_it_was(tmp_path) -> None:
     empty = RecallIndex(embedder)
     assert cache.load(empty) is not None
     assert empty.heads == gone.heads and empty.rank("anything", 5) == []
+
+
+# --- the conversational features (issue 49) ------------------------------------------
+
+
+def _chat(turns: list[str], day: str = "2023-05-21", group: str = "chat") -> dict[str, Known]:
+    """A session's turns as an agent keeps them: `mem/<group>/<day>/<n>`, "Name: text"."""
+    import calendar
+    import datetime as dt
+
+    base = calendar.timegm(dt.date.fromisoformat(day).timetuple()) + 36_000
+    return {
+        f"mem/{group}/{day}/{n + 1:03d}": Known(
+            f"{hash((group, day, n)) & (2**63 - 1):064x}", base + 45 * n, t
+        )
+        for n, t in enumerate(turns)
+    }
+
+
+def _index(*sessions: dict[str, Known]) -> RecallIndex:
+    index = RecallIndex(load())
+    for known in sessions:
+        index.put(known)
+    return index
+
+
+def test_relative_dates_resolve_against_the_memorys_own_day() -> None:
+    import calendar
+    import datetime as dt
+
+    from cli.memory.recall.when import resolved
+
+    sunday = calendar.timegm(dt.date(2023, 5, 21).timetuple())
+    said = "I signed up for pottery yesterday, and we went camping last Tuesday."
+    assert resolved("mem/chat/2023-05-21/003", said, 0) == (
+        "20 May 2023 saturday 16 May 2023 tuesday"
+    )  # the slug's date wins over a created_at that says otherwise
+    assert resolved("mem/notes/pottery", said, sunday) == resolved("x/2023-05-21/1", said, 0)
+    assert resolved("mem/notes/a", "Back from Peru last month, next year Chile.", sunday) == (
+        "April 2023 2024"
+    )
+    # negative: nothing relative, nothing added
+    assert resolved("mem/chat/2023-05-21/004", "Pottery on 3 May 2023 was fun.", sunday) == ""
+    # the index ranks by it: the question names the day, the memory says "yesterday"
+    index = _index(
+        _chat(["Ana: I signed up for a pottery class yesterday!", "Bo: Nice."]),
+        _chat(["Ana: I signed up for a chess club yesterday!", "Bo: Cool."], day="2023-06-11"),
+    )
+    hits = index.rank("What did Ana do on 20 May 2023?", 1)
+    assert "pottery" in hits[0].value
+
+
+def test_a_turn_is_ranked_with_its_neighbours_in_its_session() -> None:
+    """'She brought her new puppy' names neither Maya nor her sister: its neighbour does.
+    Negative twin: named facts (not numbered entries) are not each other's context."""
+    chat = [
+        "Ana: My sister Maya came to visit last weekend.",
+        "Bo: Oh nice! What did you two do?",
+        "Ana: We hiked all day. She brought her new puppy along.",
+    ]
+    filler = [f"Ana: Bo came to visit on day {i}, we had tea." for i in range(30)]
+    index = _index(_chat(chat), _chat(filler, day="2023-06-01"))
+    slugs = [h.slug for h in index.rank("What did Ana's sister bring on her visit?", 3)]
+    assert "mem/chat/2023-05-21/003" in slugs
+    assert (
+        index._prev[index._row_of["mem/chat/2023-05-21/003"]]
+        == index._row_of["mem/chat/2023-05-21/002"]
+    )
+    facts = {
+        "mem/people/ana/sister": Known("a" * 64, 1, "Ana's sister is Maya."),
+        "mem/people/ana/hike": Known("b" * 64, 2, "Hiked all day with a new puppy."),
+    }
+    named = _index(facts)
+    assert (named._prev[: len(facts)] == -1).all() and (named._next[: len(facts)] == -1).all()
+    # a removed turn leaves its neighbours linked to each other
+    index.put({"mem/chat/2023-05-21/002": Known("c" * 64, 9, None)})
+    assert (
+        index._next[index._row_of["mem/chat/2023-05-21/001"]]
+        == index._row_of["mem/chat/2023-05-21/003"]
+    )
+
+
+def test_a_second_hop_follows_a_name_the_question_does_not_say() -> None:
+    """'Where does the friend Ana met at climbing live now?' -> the climbing turn names
+    Jordan -> Jordan's news, which shares no word with the question. Negative twin: the
+    same news about someone the first hop never named is not pulled up."""
+    filler = [f"Bo: I tried a new ramen place, number {i}." for i in range(40)]
+    met = _chat(["Ana: At the climbing gym I met Jordan, she is so inspiring.", "Bo: Cool!"])
+    news = _chat(["Ana: Jordan has a new flat in Denver now, she sent photos."], day="2023-07-02")
+    other = _chat(["Ana: Kim has a new flat in Oslo now, she sent photos."], day="2023-08-02")
+    index = _index(met, news, other, _chat(filler, day="2023-06-01"))
+    hits = [h.value for h in index.rank("Where does the friend Ana met at climbing live now?", 3)]
+    assert any("Denver" in v for v in hits)
+    assert not any("Kim" in v for v in hits)
+
+
+def test_a_link_in_the_best_memory_brings_what_it_links_to() -> None:
+    index = _index(
+        {
+            "mem/projects/relay": Known("a" * 64, 1, "The relay project: see [[mem/people/dana]]."),
+            "mem/people/dana": Known("b" * 64, 2, "Reviews every schema migration."),
+            **{
+                f"mem/notes/{i}": Known(
+                    f"{i:064x}", 3 + i, f"Lunch after a project review, day {i}."
+                )
+                for i in range(30)
+            },
+        }
+    )
+    assert "mem/people/dana" in [h.slug for h in index.rank("Who is on the relay project?", 2)]
+
+
+def test_the_same_words_twice_come_after_every_other_answer() -> None:
+    index = _index(
+        _chat(["Bo: That sounds amazing, Ana!", "Ana: We adopted a kitten this morning."]),
+        _chat(["Bo: That sounds amazing, Ana!", "Ana: Work was long."], day="2023-06-01"),
+    )
+    values = [h.value for h in index.rank("Ana amazing kitten", 3)]
+    assert values.count("Bo: That sounds amazing, Ana!") == 1 or values[-1] == values[0]
+    assert values[:2].count("Bo: That sounds amazing, Ana!") <= 1
+
+
+def test_speakers_names_leave_the_questions_vector_other_names_stay() -> None:
+    from cli.memory.recall.index import unnamed
+
+    index = _index(_chat(["Ana: Hello Bo.", "Bo: Hi Ana, I named him Rex."]))
+    assert set(index._speakers) == {"ana", "bo"}
+    assert unnamed("What pets do Ana and Bo's cousins have?", index._speakers) == (
+        "What pets do  and  cousins have?"
+    )
+    assert unnamed("Where does Rex sleep?", index._speakers) == "Where does Rex sleep?"
+    assert unnamed("Ana", index._speakers) == "Ana"  # nothing left: kept as asked

@@ -33,7 +33,7 @@ from cli.memory.recall.index import Known, RecallIndex
 from cli.memory.recall.lexical import Terms
 from cli.nostr.files import data_dir
 
-MAGIC = b"engram-recall-cache/3\n"  # 3: slug-and-value vectors, lexical terms, seen events, trust
+MAGIC = b"engram-recall-cache/4\n"  # 4: resolved dates in the terms, titles without numbers
 KEY_LABEL = b"engram/recall-cache/v1"
 CHUNK = 1 << 20  # bytes encrypted or decrypted at a time
 

@@ -7,6 +7,14 @@ chosen per embedding model (`share_for`) on the tuning questions of `python -m b
 (never on its held-out ones) against reciprocal rank fusion (`rrf`, kept for that
 comparison): the best overall recall@10 among the settings that are not below lexical alone
 on any question type (bench/RESULTS.md has the grid).
+
+For memory written as a conversation (issue 49), three more steps, chosen on the tuning
+split of `python -m bench recall conv` (and checked on `quality`'s): each ranker reads a
+memory with its neighbours in its session (`with_context`: numbered entries of one slug
+parent, `cli.memory.recall.index.group_of`); a second hop adds the memories that the best
+first-hop memory points to (a rare name it holds and the question does not, a link); and
+a value already ranked once is put after every other (the same words again say nothing
+new). No model call: all of it is a few numpy operations over the scores.
 """
 
 from __future__ import annotations
@@ -17,6 +25,18 @@ K = 10
 DEPTH = 100  # rows taken from each ranker
 LEXICAL_SHARE = 0.6
 SHARE_BY_MODEL = {"minilm-l6-int8": 0.65}  # others: LEXICAL_SHARE
+
+
+# A memory's own context: each ranker's score of a memory plus this share of its
+# neighbours' in its group (the turns just before and after it in a session).
+CONTEXT_LEXICAL = 0.2
+CONTEXT_DENSE = 0.2
+# The second hop: what the best HOP_FROM memories of the first name (people, places,
+# links) finds the memories it points to, added with this weight.
+HOP_FROM = 1
+HOP_WEIGHT = 0.5
+HOP_RARE = 5  # a name held by more memories than this (or this share) points nowhere
+HOP_RARE_SHARE = 0.002
 
 
 def share_for(model: str) -> float:
@@ -68,3 +88,22 @@ def weighted(
     den = (den - den.min()) / spread if spread > 0 else np.ones_like(den)
     fused = share * lex + (1 - share) * den
     return dict(zip(rows.tolist(), fused.tolist(), strict=True))
+
+
+def with_context(scores: np.ndarray, prev: np.ndarray, nxt: np.ndarray, share: float) -> np.ndarray:
+    """Each row's score plus `share` of its neighbours' (-1: none), and CONTEXT_FAR of
+    that for the neighbours' neighbours."""
+    if share == 0:
+        return scores
+    pad = np.append(scores, np.float32(0))  # index -1 reads the 0
+    near = pad[prev] + pad[nxt]
+    out = scores + share * near
+    if CONTEXT_FAR:
+        prev2 = np.append(prev, -1)[prev]
+        next2 = np.append(nxt, -1)[nxt]
+        out += share * CONTEXT_FAR * (pad[prev2] + pad[next2])
+    return out
+
+
+CONTEXT_FAR = 0.5
+DEDUPE = True

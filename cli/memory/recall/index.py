@@ -15,6 +15,9 @@ value drown it). Chosen on the tuning split of `python -m bench recall quality`.
 
 from __future__ import annotations
 
+import bisect
+import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -23,7 +26,8 @@ import numpy as np
 from cli.memory.recall import fusion
 from cli.memory.recall.dense import Embedder
 from cli.memory.recall.lexical import Lexical, Terms
-from cli.memory.recall.text import normalise, slug_words, terms
+from cli.memory.recall.text import STOP_WORDS, normalise, slug_words, terms
+from cli.memory.recall.when import resolved
 from engram import beats
 
 
@@ -67,28 +71,104 @@ def quantize(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.rint(vectors / scales[:, None]).astype(np.int8), scales
 
 
-def doc_text(slug: str, value: str) -> str:
-    """What BM25 indexes of a memory."""
-    return f"{slug_words(slug)}. {value}"
+def doc_text(slug: str, value: str, created_at: int | None = None) -> str:
+    """What BM25 indexes of a memory: its slug's words, its value, and (given its
+    created_at) the dates its relative expressions stand for (`when.resolved`)."""
+    text = f"{slug_words(slug)}. {value}"
+    if created_at is not None and (dates := resolved(slug, value, created_at)):
+        text += f" ({dates})"
+    return text
+
+
+_NUMERIC = re.compile(r"^\d+$")
+
+
+def title(slug: str) -> str:
+    """A slug's words as the memory's title, numbers left out: `mem/chat/2023-05-21/014`
+    is filed by date and turn, which say nothing of what the memory is about."""
+    return " ".join(w for w in slug_words(slug).split() if not _NUMERIC.match(w))
 
 
 def doc_vectors(embedder: Embedder, memories: list[tuple[str, str]]) -> np.ndarray:
     """Unit vectors of (slug, value) pairs: slug words and value weigh alike."""
     if not memories:
         return np.zeros((0, embedder.dim), dtype=np.float32)
-    titles = embedder.embed([slug_words(s) for s, _ in memories])
-    titles += embedder.embed([normalise(v) for _, v in memories])
+    titles = embedder.embed([title(s) for s, _ in memories])
+    titles += embedder.embed([normalise(said(v)) for _, v in memories])
     norms = np.linalg.norm(titles, axis=1, keepdims=True)
     np.divide(titles, norms, out=titles, where=norms > 0)
     return titles
 
 
-def query_vector(embedder: Embedder, query: str) -> np.ndarray:
-    return embedder.embed([normalise(query)])[0]
+def query_vector(embedder: Embedder, query: str, speakers: Iterable[str] = ()) -> np.ndarray:
+    """The question's vector, the speakers' names left out (`unnamed`)."""
+    return embedder.embed([normalise(unnamed(query, speakers))])[0]
+
+
+_WORDS = re.compile(r"[\w'’-]+")
+
+
+def unnamed(query: str, speakers: Iterable[str]) -> str:
+    """`query` without the names of the memory's speakers (and their 's): in a memory of
+    conversation turns (`Ana: ...`) a speaker's name is on half the memories, so it says
+    nothing of what a memory is about, and its vector in a static model pulls every turn
+    of that speaker alike; BM25 still matches it. Other names are kept (they are what a
+    memory is about)."""
+    names = set(speakers)
+    if not names:
+        return query
+
+    def drop(m: re.Match[str]) -> str:
+        word = m[0].lower()
+        return "" if word in names or (word.endswith("'s") and word[:-2] in names) else m[0]
+
+    out = _WORDS.sub(drop, query)
+    return out if out.strip() else query
+
+
+def said(value: str) -> str:
+    """What a memory says, a speaker's label (`Ana: `) left out."""
+    m = _SPEAKER.match(value)
+    return value[m.end() :] if m else value
+
+
+def speaker(value: str) -> str | None:
+    """The speaker's label of a conversation turn (`Ana: ...` -> "ana"), or None."""
+    m = _SPEAKER.match(value)
+    return m[1].lower() if m else None
 
 
 BLOCK = 8192  # rows of vectors per block
 SIMILAR_CANDIDATES = 30  # memories `similar` compares value to value
+BULK = 32  # slugs added to one group in one put past which the group is sorted again
+_NAME = re.compile(r"\b[A-Z][\w'’-]*[a-z][\w'’-]*\b")
+_SPEAKER = re.compile(r"^\s*([A-Z][\w'’-]*)\s*:")
+_LINK = re.compile(r"\[\[([^\]\s|]+)(?:\|[^\]]*)?\]\]")
+
+
+_ENTRY = re.compile(r"^[a-z]{0,2}\d+$")
+
+
+def group_of(slug: str) -> str | None:
+    """The sequence a memory is an entry of: its slug's parent when its own name is a
+    number (`mem/chat/2023-05-21/014`: turn 14 of that session; `log/t3`), else None:
+    named siblings (`mem/people/dana/editor`, `.../city`) are separate facts, not a
+    conversation read in order."""
+    parent, _, name = slug.rpartition("/")
+    return parent if parent and _ENTRY.match(name) else None
+
+
+def entities(value: str) -> set[str]:
+    """What a memory names that a question may not: its capitalised words (people,
+    places, things), a speaker's label and stop words left out, lower-cased."""
+    speaker = _SPEAKER.match(value)
+    skip = {speaker[1].lower()} if speaker else set()
+    return {w.lower() for w in _NAME.findall(value) if w.lower() not in STOP_WORDS | skip}
+
+
+def links(value: str) -> list[str]:
+    """The slugs a memory links to (`[[mem/people/dana]]`)."""
+    return [m if m.startswith("mem/") or m == "core" else f"mem/{m}" for m in _LINK.findall(value)]
 
 
 class RecallIndex:
@@ -108,6 +188,12 @@ class RecallIndex:
         self._alive = np.zeros(0, dtype=bool)
         self._scratch: np.ndarray | None = None
         self._dead = 0
+        # each live memory's neighbours in its group (slug order), -1 for none: its own
+        # context, which ranking reads (`fusion.context`)
+        self._groups: dict[str, list[str]] = {}
+        self._speakers: Counter[str] = Counter()  # conversation turns' speakers
+        self._prev = np.zeros(0, dtype=np.int64)
+        self._next = np.zeros(0, dtype=np.int64)
 
     # -- state -----------------------------------------------------------------------
 
@@ -195,19 +281,66 @@ class RecallIndex:
         for offset, (slug, _) in enumerate(live):
             self._slug_at.append(slug)
             self._row_of[slug] = start + offset
+        self._link([slug for slug, _ in live])
+        self._speakers.update(who for _, value in live if (who := speaker(value)))
         if terms_of_live is not None:
             self.lexical.load(list(range(start, start + len(live))), terms_of_live)
             return
         for offset, (slug, value) in enumerate(live):
-            self.lexical.add(start + offset, terms(doc_text(slug, value)))
+            text = doc_text(slug, value, known[slug].created_at)
+            self.lexical.add(start + offset, terms(text))
+
+    def _relink(self, group: list[str], at: int) -> None:
+        """Set the links of `group[at]` and its two neighbours."""
+        row_of = self._row_of
+        for i in range(max(at - 1, 0), min(at + 2, len(group))):
+            row = row_of[group[i]]
+            self._prev[row] = row_of[group[i - 1]] if i > 0 else -1
+            self._next[row] = row_of[group[i + 1]] if i + 1 < len(group) else -1
+
+    def _link(self, slugs: list[str]) -> None:
+        """Put newly live slugs among their groups' neighbours."""
+        by_group: dict[str, list[str]] = {}
+        for slug in slugs:
+            if (name := group_of(slug)) is not None:
+                by_group.setdefault(name, []).append(slug)
+        for name, added in by_group.items():
+            group = self._groups.setdefault(name, [])
+            if len(added) <= BULK:
+                for slug in added:
+                    at = bisect.bisect_left(group, slug)
+                    group.insert(at, slug)
+                    self._relink(group, at)
+                continue
+            group.extend(added)
+            group.sort()
+            rows = np.fromiter((self._row_of[s] for s in group), np.int64, len(group))
+            self._prev[rows] = np.concatenate(([-1], rows[:-1]))
+            self._next[rows] = np.concatenate((rows[1:], [-1]))
+
+    def _unlink(self, slug: str) -> None:
+        name = group_of(slug)
+        group = self._groups.get(name) if name is not None else None
+        if not group:
+            return
+        at = bisect.bisect_left(group, slug)
+        if at < len(group) and group[at] == slug:
+            del group[at]
+            if at < len(group):
+                self._relink(group, at)
+            elif at > 0:
+                self._relink(group, at - 1)
 
     def _reserve(self, size: int) -> None:
         while len(self._blocks) * BLOCK < size:
             self._blocks.append(np.zeros((BLOCK, self.embedder.dim), dtype=np.int8))
         if size > len(self._scales):
             cap = len(self._blocks) * BLOCK
-            self._scales = np.concatenate([self._scales, np.zeros(cap - len(self._scales), "f4")])
-            self._alive = np.concatenate([self._alive, np.zeros(cap - len(self._alive), bool)])
+            more = cap - len(self._scales)
+            self._scales = np.concatenate([self._scales, np.zeros(more, "f4")])
+            self._alive = np.concatenate([self._alive, np.zeros(more, bool)])
+            self._prev = np.concatenate([self._prev, np.full(more, -1, np.int64)])
+            self._next = np.concatenate([self._next, np.full(more, -1, np.int64)])
 
     def _sims(self, qv: np.ndarray, n: int) -> np.ndarray:
         """Cosine of `qv` with the first `n` rows."""
@@ -223,9 +356,15 @@ class RecallIndex:
         return out
 
     def _drop(self, slug: str) -> None:
-        row = self._row_of.pop(slug, None)
-        if row is None:
+        if slug not in self._row_of:
             return
+        self._unlink(slug)
+        if (who := speaker(self.heads[slug].value or "")) is not None:
+            self._speakers[who] -= 1
+            if self._speakers[who] <= 0:
+                del self._speakers[who]
+        row = self._row_of.pop(slug)
+        self._prev[row] = self._next[row] = -1
         self._alive[row] = False
         self._slug_at[row] = None
         self.lexical.remove(row)
@@ -269,8 +408,12 @@ class RecallIndex:
             return []
         alive = self._mask(n, skip)
         lex_scores = self.lexical.scores(terms(query), n)
-        qv = query_vector(self.embedder, query)
+        qv = query_vector(self.embedder, query, self._speakers)
         sims = self._sims(qv, n)
+        if mode == "fused":  # each memory read with its neighbours
+            prev, nxt = self._prev[:n], self._next[:n]
+            lex_scores = fusion.with_context(lex_scores, prev, nxt, fusion.CONTEXT_LEXICAL)
+            sims = fusion.with_context(sims, prev, nxt, fusion.CONTEXT_DENSE)
         depth = max(fusion.DEPTH, limit)
         lex_rows = fusion.top(lex_scores, alive & (lex_scores > 0), depth)
         den_rows = fusion.top(sims, alive, depth)
@@ -285,12 +428,46 @@ class RecallIndex:
         else:
             share = fusion.share_for(self.embedder.name)
             scored = fusion.weighted(lex_rows, den_rows, lex_scores, sims, share)
+            if fusion.HOP_WEIGHT:
+                self._second_hop(query, scored, alive, n)
         hits = [
             self._hit(r, s, float(sims[r]), lex_rank.get(r), den_rank.get(r))
             for r, s in scored.items()
         ]
         hits.sort(key=lambda h: (-h.score, -h.created_at, h.slug))
+        if mode == "fused" and fusion.DEDUPE:  # the same words again say nothing new
+            seen: set[str] = set()
+            first, again = [], []
+            for h in hits:
+                (again if h.value in seen else first).append(h)
+                seen.add(h.value)
+            hits = first + again
         return hits[:limit]
+
+    def _second_hop(self, query: str, scored: dict[int, float], alive: np.ndarray, n: int) -> None:
+        """Add to `scored` what the best first-hop memories point to: the memories that
+        name the people, places and things they name (and that the question does not),
+        scored by BM25 over those names, and the memories they link to."""
+        best = sorted(scored, key=lambda r: -scored[r])[: fusion.HOP_FROM]
+        asked = set(terms(query))
+        names: list[str] = []
+        linked: list[int] = []
+        for row in best:
+            slug = self._slug_at[row]
+            value = self.heads[slug].value if slug is not None else None
+            if not value:
+                continue
+            names += [w for w in entities(value) if w not in asked]
+            linked += [r for s in links(value) if (r := self._row_of.get(s)) is not None]
+        rare = max(fusion.HOP_RARE, fusion.HOP_RARE_SHARE * len(self.lexical))
+        found = [t for t in terms(" ".join(names)) if self.lexical.df(t) <= rare]
+        hop = self.lexical.scores(found, n) if found else None
+        if hop is not None and (peak := float(hop.max())) > 0:
+            for r in fusion.top(hop, alive & (hop > 0), fusion.DEPTH).tolist():
+                scored[r] = scored.get(r, 0.0) + fusion.HOP_WEIGHT * float(hop[r]) / peak
+        for r in linked:
+            if alive[r]:
+                scored[r] = scored.get(r, 0.0) + fusion.HOP_WEIGHT
 
     def similar(self, slug: str, value: str, limit: int, threshold: float) -> list[Hit]:
         """Live memories (`slug` itself excluded) whose value says what `value` says: the

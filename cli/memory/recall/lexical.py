@@ -197,6 +197,11 @@ class Lexical:
         self._total_len += float(terms.lengths.sum())
         self._n_alive += len(rows)
 
+    def df(self, term: str) -> int:
+        """How many live rows hold `term`."""
+        t = self._id.get(term)
+        return int(self._df[t]) if t is not None else 0
+
     def scores(self, query: list[str], size: int) -> np.ndarray:
         """BM25 of every row (dead rows 0) for the query terms; an array of `size`."""
         out = np.zeros(size, dtype=np.float32)
