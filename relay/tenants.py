@@ -2,7 +2,10 @@
 
 Pure: configuration rows in, resolved `Tenant` objects out. The store loads the rows; the
 app polls for changes, so `engram tenant …` takes effect on running relays within seconds.
-With no tenant configured at all, one built-in tenant serves every host.
+With no tenant configured at all, one built-in tenant serves every host. It is the
+relay's own settings, changed live by a row on its key, `default` (`engram tenant set
+default …`), which is never a host: that row configures the built-in tenant and does
+not make the relay one with tenants.
 """
 
 from __future__ import annotations
@@ -84,20 +87,30 @@ def merged_limits(base: Limits, overrides: dict[str, Any]) -> Limits:
     return limits
 
 
-def default_tenant(settings: Settings) -> Tenant:
+def default_tenant(settings: Settings, cfg: TenantConfig | None = None) -> Tenant:
+    """The built-in tenant: the relay's settings, under the overrides of its row `cfg`
+    (`engram tenant set default …`). Its write policy and AUTH requirement are limits
+    there (`restricted_writes`, `auth_required`), so a row that does not name them leaves
+    the settings' own; a relay-wide `auth_required` binds it as every tenant."""
+    own = cfg or TenantConfig(host=DEFAULT_TENANT)
+    overrides = dict(own.limits)
+    if settings.limits.auth_required:
+        overrides["auth_required"] = True
+    limits = merged_limits(settings.limits, overrides) if overrides else settings.limits
     return Tenant(
         key=DEFAULT_TENANT,
         hosts=frozenset(),
-        name=settings.relay_name,
-        description=settings.relay_description,
-        pubkey=settings.relay_pubkey,
-        contact=settings.relay_contact,
-        icon=None,
-        members_only=settings.limits.restricted_writes,
-        members=frozenset(),
-        limits=settings.limits,
-        private_kinds=private_set(settings.limits.private_kinds),
-        auth_challenge=settings.auth_challenge,
+        name=own.name or settings.relay_name,
+        description=own.description or settings.relay_description,
+        pubkey=own.pubkey or settings.relay_pubkey,
+        contact=own.contact or settings.relay_contact,
+        icon=own.icon,
+        members_only=limits.restricted_writes,
+        members=frozenset(own.members),
+        limits=limits,
+        private_kinds=private_set(limits.private_kinds),
+        admins=frozenset(own.admins),
+        auth_challenge=own.auth_challenge or settings.auth_challenge,
     )
 
 
@@ -164,13 +177,17 @@ class TenantRegistry:
         """Swap in a configuration: tenants, and each tenant's moderation (by key)."""
         mods = moderation or {}
         by_host: dict[str, Tenant] = {}
+        own: TenantConfig | None = None  # the built-in tenant's row, if any
         for cfg in configs:
+            if cfg.host == DEFAULT_TENANT:
+                own = cfg
+                continue
             tenant = build_tenant(cfg, self.settings)
             if cfg.host in mods:
                 tenant = msgspec.structs.replace(tenant, moderation=mods[cfg.host])
             for host in tenant.hosts:
                 by_host[host] = tenant
-        default = default_tenant(self.settings)
+        default = default_tenant(self.settings, own)
         if DEFAULT_TENANT in mods:
             default = msgspec.structs.replace(default, moderation=mods[DEFAULT_TENANT])
         self.default = default
@@ -182,8 +199,9 @@ class TenantRegistry:
         return self._by_host.get(key, self.default)
 
     def current(self, tenant: Tenant) -> Tenant:
-        """The live version of a tenant a connection was bound to (itself if removed)."""
-        if tenant.key == DEFAULT_TENANT and not self._by_host:
+        """The live version of a tenant a connection was bound to (itself if removed;
+        the built-in tenant is never removed)."""
+        if tenant.key == DEFAULT_TENANT:
             return self.default
         return self._by_host.get(tenant.key, tenant)
 

@@ -12,6 +12,8 @@ The commands are thin: what they do is `cli.commands.tenantadmin`; the moderatio
 
 from __future__ import annotations
 
+import shlex
+import sys
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -22,7 +24,7 @@ from cli.commands import tenantadmin as admin
 from cli.commands.common import DatabaseOpt, DataDirOpt, settings_or_exit
 from cli.commands.tenant_moderation import moderation_app
 from relay.config import Settings
-from relay.tenants import TenantConfig
+from relay.tenants import DEFAULT_TENANT, TenantConfig
 
 
 class _TenantGroup(TyperGroup):
@@ -132,10 +134,30 @@ def add(
     public_url: PublicUrlOpt = None,
     auth_challenge: ChallengeOpt = None,
     tenant_database_url: OwnDatabaseOpt = None,
+    adopt: Annotated[
+        bool,
+        typer.Option(
+            "--adopt",
+            help="The first tenant: serve the events the relay stored before it had"
+            " tenants (run with the relay stopped).",
+        ),
+    ] = False,
+    leave_default: Annotated[
+        bool,
+        typer.Option(
+            "--leave-default",
+            help="The first tenant: start empty and leave the events stored before"
+            " unserved (served again once the last tenant is removed).",
+        ),
+    ] = False,
     database_url: DatabaseOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Add a tenant served on HOST (and its aliases), on its own database if given."""
+    """Add a tenant served on HOST (and its aliases), on its own database if given.
+
+    The first tenant of a relay that holds events is refused unless --adopt or
+    --leave-default says what becomes of them: with tenants, only tenants' hosts are
+    served."""
     admin.check_write(write)
     cfg = TenantConfig(
         host=admin.host(host),
@@ -153,7 +175,41 @@ def add(
         auth_challenge=None if auth_challenge in (None, "default") else auth_challenge,
     )
     admin.check_tenant_identity(cfg)
-    _change(database_url, data_dir, admin.add_tenant(cfg), lambda _: f"added tenant {cfg.host}")
+    action = admin.add_tenant(cfg, adopt, leave_default)
+    try:
+        added = _change(database_url, data_dir, action, lambda a: _added(cfg.host, a))
+    except admin.DefaultEventsHidden as exc:
+        raise admin.TenantError(_hidden(exc)) from exc
+    if added.first:
+        typer.echo(
+            f"engram tenant: note: the relay now serves tenants' hosts only: any other host"
+            f" (ws://127.0.0.1:PORT included) answers 404. For local tools, serve it under"
+            f" {cfg.host} too: engram tenant set {cfg.host} --alias 127.0.0.1 --alias localhost",
+            err=True,
+        )
+
+
+def _added(host: str, added: admin.Added) -> str:
+    if not added.adopted:
+        return f"added tenant {host}"
+    return f"added tenant {host}, serving the {added.adopted} events stored before"
+
+
+def _hidden(exc: admin.DefaultEventsHidden) -> str:
+    """The refusal of a first tenant that would hide the relay's events, with the two
+    commands that say what becomes of them (this command line, and one flag more)."""
+    from cli.commands.ops import mask_url
+
+    words = ["engram", *(a for a in sys.argv[1:] if a not in ("--adopt", "--leave-default"))]
+    command = " ".join(shlex.quote(mask_url(w) if "://" in w else w) for w in words)
+    return (
+        f"the relay holds {exc.held} events stored before it had tenants (the built-in"
+        " tenant, which serves every host while no tenant is configured). With a tenant,"
+        " only tenants' hosts are served, so they would no longer be read anywhere."
+        f" To serve them under {exc.host}: stop the relay, run\n    {command} --adopt\n"
+        "and start it again. To start the tenant empty and leave them unserved (served"
+        f" again once the last tenant is removed):\n    {command} --leave-default"
+    )
 
 
 @tenant_app.command("set")
@@ -255,7 +311,12 @@ def ls(database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
 
     for cfg in admin.run(_settings(database_url, data_dir), db.load_tenants):
         aliases = ",".join(cfg.aliases) or "-"
-        typer.echo(f"{cfg.host}\t{cfg.write_policy}\t{len(cfg.members)} members\t{aliases}")
+        write = cfg.write_policy
+        if cfg.host == DEFAULT_TENANT:  # the built-in tenant's overrides: a limit, if set
+            members = cfg.limits.get("restricted_writes")
+            write = "(settings)" if members is None else "members" if members else "open"
+            aliases = "(built-in)"
+        typer.echo(f"{cfg.host}\t{write}\t{len(cfg.members)} members\t{aliases}")
 
 
 @tenant_app.command("show")

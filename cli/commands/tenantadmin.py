@@ -21,7 +21,13 @@ from engram.kinds import KIND_MAX
 from engram.nip01 import is_hex, parse_public_key
 from relay.config import Limits
 from relay.hosts import host_of
-from relay.tenants import WRITE_POLICIES, TenantConfig, check_identity, merged_limits
+from relay.tenants import (
+    DEFAULT_TENANT,
+    WRITE_POLICIES,
+    TenantConfig,
+    check_identity,
+    merged_limits,
+)
 
 if TYPE_CHECKING:
     from cli.commands.move import MoveReport
@@ -238,28 +244,138 @@ async def _hosts_free(conn: Any, hosts: tuple[str, ...] | list[str]) -> None:
             raise TenantError(f"{h} is already served by a tenant")
 
 
-def add_tenant(cfg: TenantConfig) -> Action[None]:
-    """Add `cfg`: its hosts must be free; its own database, if any, is migrated first."""
+class DefaultEventsHidden(TenantError):
+    """The first tenant would hide the events the relay stored without tenants: the
+    command says what to run (`cli.commands.tenant.add`, which knows the command line)."""
+
+    def __init__(self, host: str, held: int) -> None:
+        super().__init__(f"{held} events stored before the relay had tenants")
+        self.host = host
+        self.held = held
+
+
+class Added(msgspec.Struct, frozen=True):
+    """What `add_tenant` did: the events it adopted, and whether the relay had no
+    tenant before (it then serves tenants' hosts only)."""
+
+    adopted: int
+    first: bool
+
+
+def add_tenant(
+    cfg: TenantConfig, adopt: bool = False, leave_default: bool = False
+) -> Action[Added]:
+    """Add `cfg`: its hosts must be free; its own database, if any, is migrated first.
+
+    The first tenant of a relay whose built-in tenant holds events would hide them
+    (with tenants, only tenants' hosts are served): refused (DefaultEventsHidden) unless
+    `adopt` (the tenant takes them over, while no relay is connected: see
+    `_adopt_default`) or `leave_default` (they stay the built-in tenant's, unserved until
+    the last tenant is removed)."""
     from relay.store import tenants as db
 
-    async def action(conn: Any) -> None:
+    if cfg.host == DEFAULT_TENANT:
+        raise TenantError(
+            f"{DEFAULT_TENANT} is the built-in tenant (the relay's own settings): change it"
+            f" with `engram tenant set {DEFAULT_TENANT} …`"
+        )
+    if adopt and leave_default:
+        raise TenantError("--adopt and --leave-default exclude each other")
+    if adopt and cfg.database_url:
+        raise TenantError(
+            "--adopt keeps the events on the relay's database: add the tenant without"
+            " --tenant-database-url, then `engram tenant move HOST --to URL`"
+        )
+
+    async def action(conn: Any) -> Added:
         await _hosts_free(conn, (cfg.host, *cfg.aliases))
+        first = not await db.has_tenants(conn)
+        if adopt:
+            return Added(await _adopt_default(conn, cfg), first)
+        if first and not leave_default:
+            held = await db.event_count(conn, DEFAULT_TENANT)
+            if held:
+                raise DefaultEventsHidden(cfg.host, held)
         if cfg.database_url:
             await _prepare(cfg.database_url)
         await db.add_tenant(conn, cfg)
+        return Added(0, first)
 
     return action
 
 
-def update_tenant(key: str, fields: dict[str, Any]) -> Action[None]:
-    """Change `fields` of the tenant on `key`; its database is re-pointed only while it
-    holds no events (`engram tenant move` moves one that does)."""
+async def _adopt_default(conn: Any, cfg: TenantConfig) -> int:
+    """Add the tenant and give it the built-in tenant's rows, in one transaction.
+
+    Only while no relay is connected to the database: a running relay keeps serving
+    its open connections as the built-in tenant's, so what they wrote after the change
+    would stay behind (and reads on them would miss what moved)."""
     from relay.store import tenants as db
 
-    async def action(conn: Any) -> None:
+    if await conn.fetchval(_OTHER_SESSIONS):
+        raise TenantError(
+            "--adopt runs while no relay is connected to this database: stop the relay,"
+            " run this again, then start it"
+        )
+    async with conn.transaction():
+        await db.add_tenant(conn, cfg)
+        try:
+            return await db.adopt_default(conn, cfg.host)
+        except ValueError as exc:
+            raise TenantError(str(exc)) from exc
+
+
+async def _row(conn: Any, key: str) -> TenantConfig:
+    """The stored tenant on `key`; the built-in tenant's row is made on its first change
+    (it holds only overrides of the relay's settings)."""
+    from relay.store import tenants as db
+
+    current = await db.get_tenant(conn, key)
+    if current is None and key == DEFAULT_TENANT:
+        await db.add_tenant(conn, TenantConfig(host=DEFAULT_TENANT))
         current = await db.get_tenant(conn, key)
-        if current is None:
-            raise TenantError(f"no tenant {key}")
+    if current is None:
+        raise TenantError(f"no tenant {key}")
+    return current
+
+
+_NOT_FOR_DEFAULT = {
+    "aliases": "--alias (the built-in tenant serves every host while there is no tenant)",
+    "database_url": "--tenant-database-url (its events are on the relay's database)",
+    "public_urls": "--public-url (its URLs are the relay's: the public_urls setting)",
+}
+
+
+def default_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """`engram tenant set default …`: its write policy and AUTH requirement are stored
+    as limits (`restricted_writes`, `auth_required`), which override the relay's
+    settings only when given (relay.tenants.default_tenant); hosts, a database and public
+    URLs of its own it cannot have."""
+    for name, option in _NOT_FOR_DEFAULT.items():
+        if name in fields:
+            raise TenantError(f"the built-in tenant takes no {option}")
+    out = dict(fields)
+    limits = dict(out.pop("limits", {}))
+    if "write_policy" in out:
+        limits["restricted_writes"] = out.pop("write_policy") == "members"
+    if "auth_required" in out:
+        limits["auth_required"] = out.pop("auth_required")
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def update_tenant(key: str, fields: dict[str, Any]) -> Action[None]:
+    """Change `fields` of the tenant on `key` (`default`: the built-in tenant, live);
+    its database is re-pointed only while it holds no events (`engram tenant move`
+    moves one that does)."""
+    from relay.store import tenants as db
+
+    if key == DEFAULT_TENANT:
+        fields = default_fields(fields)
+
+    async def action(conn: Any) -> None:
+        current = await _row(conn, key)
         check_tenant_identity(
             msgspec.structs.replace(
                 current,
@@ -288,6 +404,12 @@ def remove_tenant(key: str, purge: bool) -> Action[int]:
     from relay.store import tenants as db
     from relay.store.move import purge_tenant_events
 
+    if key == DEFAULT_TENANT:
+        raise TenantError(
+            f"the built-in tenant cannot be removed; `engram tenant set {DEFAULT_TENANT}"
+            " --limit KEY=VALUE` changes what it overrides"
+        )
+
     async def action(conn: Any) -> int:
         if await db.get_tenant(conn, key) is None:
             raise TenantError(f"no tenant {key}")
@@ -308,8 +430,7 @@ def change_member(key: str, pk: str, add: bool) -> Action[bool]:
     from relay.store import tenants as db
 
     async def action(conn: Any) -> bool:
-        if await db.get_tenant(conn, key) is None:
-            raise TenantError(f"no tenant {key}")
+        await _row(conn, key)
         # adding is NIP-86 `allowpubkey`: an allowed author is no longer banned
         change = mod.allow_pubkey if add else db.remove_member
         return await change(conn, key, pk)
@@ -320,11 +441,9 @@ def change_member(key: str, pk: str, add: bool) -> Action[bool]:
 def change_admin(key: str, pk: str, add: bool) -> Action[bool]:
     """Add or remove an admin (who may call the tenant's NIP-86 API); True when changed."""
     from relay.store import moderation as mod
-    from relay.store import tenants as db
 
     async def action(conn: Any) -> bool:
-        if await db.get_tenant(conn, key) is None:
-            raise TenantError(f"no tenant {key}")
+        await _row(conn, key)
         return await (mod.add_admin if add else mod.remove_admin)(conn, key, pk)
 
     return action

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from relay.store.moderation import clear_tenant as clear_moderation
-from relay.tenants import TenantConfig
+from relay.tenants import DEFAULT_TENANT, TenantConfig
 from relay.wire import Reason
 
 T = TypeVar("T")
@@ -116,6 +116,42 @@ async def update_tenant(conn: asyncpg.Connection, host: str, **fields: Any) -> N
                 await conn.execute(f"UPDATE tenants SET {column} = $2 WHERE host = $1", host, value)
             else:
                 raise ValueError(f"unknown tenant field {column!r}")
+
+
+async def has_tenants(conn: asyncpg.Connection) -> bool:
+    """Whether any tenant is configured (the built-in tenant's own row is none: with it
+    alone the relay still serves every host as one)."""
+    query = "SELECT EXISTS (SELECT 1 FROM tenants WHERE host <> $1)"
+    return bool(await conn.fetchval(query, DEFAULT_TENANT))
+
+
+# Every table holding rows of a tenant, by its `tenant` column: events and their tag
+# index, deletions, NIP-62 requests to vanish, moderation (migrations 0001-0021).
+_TENANT_TABLES = (
+    "SELECT c.table_name FROM information_schema.columns c"
+    " JOIN information_schema.tables t USING (table_schema, table_name)"
+    " WHERE c.table_schema = current_schema() AND c.column_name = 'tenant'"
+    " AND t.table_type = 'BASE TABLE' ORDER BY c.table_name"
+)
+
+
+async def adopt_default(conn: asyncpg.Connection, host: str) -> int:
+    """Give the built-in tenant's rows to the tenant on `host`, which must hold none, in
+    the caller's transaction: every table with a `tenant` column (found in the schema,
+    so a later migration's table is not forgotten). Returns the events adopted. Rows
+    keep their transaction ids (`xid`): the live bus does not deliver them again."""
+    if await conn.fetchval("SELECT EXISTS (SELECT 1 FROM events WHERE tenant = $1)", host):
+        raise ValueError(f"{host} already holds events")
+    adopted = 0
+    for row in await conn.fetch(_TENANT_TABLES):
+        table = row["table_name"]
+        # a table name from the schema, quoted; the values are parameters
+        status = await conn.execute(
+            f'UPDATE "{table}" SET tenant = $1 WHERE tenant = $2', host, DEFAULT_TENANT
+        )
+        if table == "events":
+            adopted = int(status.split()[-1])
+    return adopted
 
 
 async def event_count(conn: asyncpg.Connection, host: str) -> int:
