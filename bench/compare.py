@@ -15,7 +15,7 @@ then ours/peer for every figure (ops/s: above 1 is ours faster; every other figu
 `sustained` (issue 47: 200,000 realistic kind-1 EVENTs, figures per 100k answers) or
 `reads` (issue 48: 40,000 notes stored, REQs 8 x 8 and a probe 8 x 1); the last two run
 ours and nostr-sdk's LocalRelay unless `--relays` says otherwise. `--prefill N` starts ours
-on a copy of a kept store of N events (bench/prefill.py; the peers start empty).
+on a copy of a kept store of N events (bench/prefillstore.py; the peers start empty).
 
 `--results bench/RESULTS.md` rewrites the generated part of that file (between its
 `<!-- compare:begin -->` and `<!-- compare:end -->` markers) with this run; `--json FILE`
@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
-from bench import charts, prefill
+from bench import charts, prefillstore
 from bench.events import Keyring, load_events
 from bench.lanes import CLIENTS, raise_fd_limit, run_async
 from bench.peers import RELAYS, PeerError, Postgres, RelaySpec, stored_events
@@ -168,7 +168,7 @@ def run_compare(
     keep_logs: bool = False,
     settle_seconds: float = 0.0,
     filled: Prefill | None = None,
-) -> tuple[list[RelayRuns], str, prefill.Filled | None]:
+) -> tuple[list[RelayRuns], str, prefillstore.Filled | None]:
     """Prepare, then run every relay once per round; returns the runs, the PG settings
     and, with `filled.size`, the kept store ours started from."""
     runs = [RelayRuns(k, RELAYS[k]) for k in keys]
@@ -182,11 +182,11 @@ def run_compare(
     root = Path(tempfile.mkdtemp(prefix="engram-bench-compare-"))
     pg: Postgres | None = None
     pg_settings = ""
-    store: prefill.Filled | None = None
+    store: prefillstore.Filled | None = None
     if any(r.spec.needs_postgres and not r.problem for r in runs):
         try:
             if filled is not None and filled.size and "ours" in keys:
-                pg, store = prefill.open_store(filled.corpus, filled.seed, filled.size, say)
+                pg, store = prefillstore.open_store(filled.corpus, filled.seed, filled.size, say)
             else:
                 pg = Postgres(root)
             pg_settings = pg.settings()
@@ -384,7 +384,7 @@ def header(
     profile: Profile,
     rounds: int,
     pg_settings: str,
-    store: prefill.Filled | None = None,
+    store: prefillstore.Filled | None = None,
 ) -> str:
     libs = ", ".join(f"{n} {version(n)}" for n in ("msgspec", "uvicorn", "websockets", "asyncpg"))
     cmd = "python -m bench compare" + ("" if not argv else " " + shlex.join(argv))
@@ -435,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", type=Path, help="write every figure of every round into this file")
     add_profile_args(p)
-    prefill.add_prefill_args(p)
+    prefillstore.add_prefill_args(p)
     return p
 
 
@@ -489,7 +489,7 @@ def write_json(
     argv: list[str],
     profile: Profile,
     runs: list[RelayRuns],
-    store: prefill.Filled | None,
+    store: prefillstore.Filled | None,
 ) -> None:
     """Every figure of every round, each relay's medians and chunk medians, as JSON."""
     phases = profile.phase_names()

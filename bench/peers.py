@@ -210,7 +210,7 @@ class Postgres:
         self.pgdata = root / "pgdata"
         self.server = start_server(self.pgdata, cleanup_mode=cleanup_mode)
         self.uri: str = self.server.get_uri()
-        # a database of this server that ours starts from (bench.prefill), or None: empty
+        # a database of this server that ours starts from (bench.prefillstore), or None: empty
         self.template: str | None = None
 
     @property

@@ -429,7 +429,7 @@ def test_ab_interval_needs_rounds_and_sees_a_shift() -> None:
 def test_prefill_store_is_kept_per_schema(tmp_path: Path) -> None:
     """A checkout with another migration gets a store of its own (the kept directory's
     name carries a hash of the migrations)."""
-    from bench.prefill import schema_key
+    from bench.prefillstore import schema_key
 
     (tmp_path / "migrations").mkdir()
     (tmp_path / "migrations" / "0001_init.sql").write_text("CREATE TABLE a (x int);")
