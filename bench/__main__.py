@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "tagvalues": "a REQ's latency by how many tag values it names (16, 256, 1,024)",
     "prefill": "a kept store of N events that compare --prefill N starts ours from",
     "ab": "a bench command alternated on two checkouts' relays: rounds, medians, interval",
+    "crowd": "10,000 connections: connect and reconnect storms, fan-out, RSS per connection",
 }
 
 USAGE = (

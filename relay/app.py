@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from engram.nip01 import parse_public_key
-from relay import gctune, metrics, nip11, nip86, page, retention
+from relay import gctune, metrics, nip11, nip86, openfiles, page, retention
 from relay.allowlist import Allowlist
 from relay.config import Settings
 from relay.hosts import parse_host
@@ -155,6 +155,12 @@ async def running(app: Starlette, settings: Settings, database_url: str) -> Asyn
     metrics mirror) until shutdown, which stops them in order."""
     from relay.store.router import StoreRouter
 
+    before, now = openfiles.raise_open_files()  # a connection is a file descriptor
+    log.info(
+        "open files limit: %d%s (each connection holds one)",
+        now,
+        f" (raised from {before})" if now != before else "",
+    )
     # tenants on their own databases (relay.store.router); replicas in the store
     store: RelayStore = await StoreRouter.open(database_url, settings)
     registry = TenantRegistry(settings)

@@ -109,13 +109,15 @@ def _event_keys(event: Event) -> list[IndexKey]:
 class FanOut:
     def __init__(self) -> None:
         self._subs: dict[tuple[int, str], Subscription] = {}
-        self._index: defaultdict[IndexKey, set[tuple[int, str]]] = defaultdict(set)
+        # index key -> the subscriptions under it (the objects: publish reaches each one
+        # without a lookup)
+        self._index: defaultdict[IndexKey, set[Subscription]] = defaultdict(set)
         self._by_conn: defaultdict[int, set[str]] = defaultdict(set)
         # match_key -> [class number, subscriptions holding it]: publish compares small
         # ints, never hashes a filter (an `authors` list of hundreds) per candidate
         self._classes: dict[Hashable, list[int]] = {}
         self._next_class = 0
-        self._words: defaultdict[str, set[tuple[int, str]]] = defaultdict(set)  # search word
+        self._words: defaultdict[str, set[Subscription]] = defaultdict(set)  # search word
         self._searches = 0  # subscriptions with a search
         self._searches_by_conn: defaultdict[int, int] = defaultdict(int)
 
@@ -156,9 +158,9 @@ class FanOut:
         entry[1] += 1
         sub.match_class = entry[0]
         for key in sub.keys:
-            self._index[key].add(sk)
+            self._index[key].add(sub)
         for word in sub.words:
-            self._words[word].add(sk)
+            self._words[word].add(sub)
         if sub.terms is not None:
             self._searches += 1
             self._searches_by_conn[id(conn)] += 1
@@ -186,13 +188,13 @@ class FanOut:
         for key in sub.keys:
             bucket = self._index.get(key)
             if bucket is not None:
-                bucket.discard(sk)
+                bucket.discard(sub)
                 if not bucket:
                     del self._index[key]
         for word in sub.words:
             found = self._words.get(word)
             if found is not None:
-                found.discard(sk)
+                found.discard(sub)
                 if not found:
                     del self._words[word]
         if sub.terms is not None:
@@ -218,7 +220,7 @@ class FanOut:
         kind: its author's and recipient's only); returns the number of frames sent."""
         if not self._subs:  # the common case under ingest: nobody subscribed here
             return 0
-        candidates: set[tuple[int, str]] = set()
+        candidates: set[Subscription] = set()
         index = self._index
         for key in _event_keys(event):
             bucket = index.get(key)
@@ -241,13 +243,11 @@ class FanOut:
                     if word in words:
                         candidates |= bucket
         sent = 0
-        subs = self._subs
         only = readers(event, private)  # None: anyone
         verdicts: dict[int, bool] = {}  # match_class -> matches_any
         frames: dict[bytes, bytes] = {}  # prefix -> frame
-        for sk in candidates:
-            sub = subs.get(sk)
-            if sub is None or (only is not None and sub.conn.authed not in only):
+        for sub in candidates:
+            if only is not None and sub.conn.authed not in only:
                 continue
             verdict = verdicts.get(sub.match_class)
             if verdict is None:

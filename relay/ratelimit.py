@@ -69,7 +69,7 @@ class Bucket:
 _UNLIMITED = Bucket(0.0, 1, 0.0)  # rate 0: take() always succeeds, holds no state
 
 
-@dataclass
+@dataclass(slots=True)
 class _Address:
     connections: int
     messages: Bucket
@@ -77,7 +77,7 @@ class _Address:
     sessions: set[object] = field(default_factory=set)
 
 
-@dataclass
+@dataclass(slots=True)
 class ConnectionAllowance:
     """One connection's buckets plus its address's shared ones."""
 
@@ -85,6 +85,13 @@ class ConnectionAllowance:
     events: Bucket
     address: _Address
     exempt: bool = False  # loopback: no limits apply
+
+
+# every exempt connection's allowance: nothing in it changes (no bucket is taken from, no
+# session is listed under its address), so one is shared rather than made per connection
+_EXEMPT = ConnectionAllowance(
+    _UNLIMITED, _UNLIMITED, _Address(0, _UNLIMITED, _UNLIMITED), exempt=True
+)
 
 
 class RateLimiter:
@@ -101,10 +108,8 @@ class RateLimiter:
     def connect(self, tenant: str, ip: str, now: float) -> ConnectionAllowance | None:
         """A new connection's allowance, or None when the address has too many."""
         lim = self.limits
-        if self.exempt(ip):  # unlimited buckets, an address of its own (never counted)
-            return ConnectionAllowance(
-                _UNLIMITED, _UNLIMITED, _Address(0, _UNLIMITED, _UNLIMITED), exempt=True
-            )
+        if self.exempt(ip):  # unlimited, never counted
+            return _EXEMPT
         key = (tenant, ip)
         addr = self._addresses.get(key)
         if addr is None:

@@ -46,20 +46,38 @@ _NOTICES = {
 }
 
 
+_NONE: tuple[bytes, ...] = ()  # an empty queue that never held anything: no deque yet
+
+
 class OutputQueue:
-    """One connection's queued output, charged to a shared `OutputBudget`."""
+    """One connection's queued output, charged to a shared `OutputBudget`.
+
+    Most connections of a crowd never queue a frame (the socket takes them at once), so
+    what only a queue that waits needs is made when it first waits: the deque of frames
+    (760 bytes empty), and the events the writer task and bulk senders await (about
+    1 KiB each). `dropped_hook` tells the transport when the reader was dropped.
+    """
+
+    __slots__ = (
+        "_ready",
+        "_room",
+        "budget",
+        "dropped",
+        "frames",
+        "max_bytes",
+        "queued_bytes",
+        "since",
+    )
 
     def __init__(self, budget: OutputBudget, max_bytes: int) -> None:
         self.budget = budget
         self.max_bytes = max_bytes
-        self.frames: collections.deque[bytes] = collections.deque()
+        self.frames: collections.deque[bytes] | tuple[bytes, ...] = _NONE
         self.queued_bytes = 0
         self.since = 0.0  # monotonic time the queue last shrank or stopped being empty
         self.dropped: Drop | None = None
-        self.gone = asyncio.Event()  # set when dropped: the transport says goodbye
-        self._ready = asyncio.Event()  # frames to write
-        self._room = asyncio.Event()  # space freed for `wait_room`
-        self._room.set()
+        self._ready: asyncio.Event | None = None  # frames to write (the writer task's)
+        self._room: asyncio.Event | None = None  # space freed for `wait_room`
         budget.queues.add(self)
 
     @staticmethod
@@ -72,14 +90,18 @@ class OutputQueue:
         if self.dropped is not None:
             return
         cost = len(frame) + FRAME_OVERHEAD
-        if self.frames and self.queued_bytes + cost > self.max_bytes:
+        frames = self.frames
+        if frames and self.queued_bytes + cost > self.max_bytes:
             self.drop(Drop.CAP)
             return
-        if not self.frames:
+        if not frames:
             self.since = time.monotonic()
-        self.frames.append(frame)
+            if frames is _NONE:
+                frames = self.frames = collections.deque()
+        frames.append(frame)  # type: ignore[union-attr]
         self.queued_bytes += cost
-        self._ready.set()
+        if self._ready is not None:
+            self._ready.set()
         budget = self.budget
         if self.queued_bytes > budget.peak_connection:
             budget.peak_connection = self.queued_bytes
@@ -87,17 +109,23 @@ class OutputQueue:
 
     def pop(self) -> bytes:
         """The next frame for the writer: the queue shrank, so the reader is reading."""
-        frame = self.frames.popleft()
+        frames = self.frames
+        frame = frames.popleft()  # type: ignore[union-attr]
+        if not frames:  # back to no deque: an idle connection holds none
+            self.frames = _NONE
         cost = len(frame) + FRAME_OVERHEAD
         self.queued_bytes -= cost
         self.budget.release(cost)
         self.since = time.monotonic()
-        self._room.set()
+        if self._room is not None:
+            self._room.set()
         return frame
 
     async def wait_frames(self) -> None:
         """Until there is a frame to write, or the connection was dropped."""
         while not self.frames and self.dropped is None:
+            if self._ready is None:
+                self._ready = asyncio.Event()
             self._ready.clear()
             await self._ready.wait()
 
@@ -113,11 +141,13 @@ class OutputQueue:
         """Backpressure for bulk output (stored results): wait while the queue holds more
         than `BACKPRESSURE_BYTES`, far below the cap, so a bulk read never trips it."""
         while not self.has_room(size):
+            if self._room is None:
+                self._room = asyncio.Event()
             self._room.clear()
             await self._room.wait()
 
     def drop(self, why: Drop) -> None:
-        """Give up on this reader: free its queue at once, count it, wake the transport."""
+        """Give up on this reader: free its queue at once, count it, tell the transport."""
         if self.dropped is not None:
             return
         self.dropped = why
@@ -125,12 +155,17 @@ class OutputQueue:
         log.warning("slow consumer dropped (%s, %d bytes queued)", why.value, self.queued_bytes)
         metrics.slow_consumer(frames, why.value)
         self.budget.release(self.queued_bytes)
-        self.frames.clear()
+        self.frames = _NONE
         self.queued_bytes = 0
         self.budget.queues.discard(self)
-        self._room.set()
-        self._ready.set()
-        self.gone.set()
+        if self._room is not None:
+            self._room.set()
+        if self._ready is not None:
+            self._ready.set()
+        self.dropped_hook()
+
+    def dropped_hook(self) -> None:
+        """Called once the reader was dropped (the transport says goodbye)."""
 
     def notice(self) -> str:
         return _NOTICES[self.dropped or Drop.STALLED]
@@ -139,7 +174,7 @@ class OutputQueue:
         """The connection ended: return whatever it still had queued to the budget."""
         self.budget.release(self.queued_bytes)
         self.queued_bytes = 0
-        self.frames.clear()
+        self.frames = _NONE
         self.budget.queues.discard(self)
 
 

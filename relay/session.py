@@ -13,6 +13,7 @@ connection), `send_wait` (await room in the connection's bounded queue) and `off
 from __future__ import annotations
 
 import functools
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ AUTH_REQUIRED = wire.Reason.AUTH_REQUIRED + ":"
 
 class Session:
     __slots__ = (
+        "_challenge",
         "_offer",
         "_offer_all",
         "_send",
@@ -36,7 +38,6 @@ class Session:
         "admitted",
         "allowance",
         "authed",
-        "challenge",
         "challenged",
         "closed",
         "host",
@@ -51,7 +52,7 @@ class Session:
 
     def __init__(
         self,
-        challenge: str,
+        challenge: str | None,
         host: str,
         send: Callable[[bytes], None],
         send_wait: Callable[[bytes], Awaitable[None]],
@@ -63,7 +64,7 @@ class Session:
         offer_all: Callable[[list[bytes], int], int] | None = None,
         local: tuple[str, int] | None = None,
     ) -> None:
-        self.challenge = challenge
+        self._challenge = challenge  # None: made when first needed (most never are)
         self.challenged = False  # the challenge was sent
         self.host = host
         # the address and port this connection reached on the relay (the socket's own,
@@ -84,6 +85,13 @@ class Session:
         self._send_wait = send_wait
         self._offer = offer
         self._offer_all = offer_all or functools.partial(offer_each, offer)
+
+    @property
+    def challenge(self) -> str:
+        """The NIP-42 challenge of this connection, made on first use."""
+        if self._challenge is None:
+            self._challenge = secrets.token_hex(16)
+        return self._challenge
 
     def event_started(self) -> None:
         self.in_flight += 1

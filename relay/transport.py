@@ -1,11 +1,14 @@
 """Starlette websocket transport: moves frames between a socket and the pipeline.
 
-The only module that touches Starlette's websocket. Each connection has a send queue
-(relay.sendqueue) drained by one writer task; a reader that stops is disconnected once
-its queue has not shrunk for `slow_consumer_seconds`, and byte caps per connection and
-per relay bound memory whatever readers do. EVENT and REQ frames run as tasks (bounded
-per connection) so one slow database round trip does not stall the connection's other
-messages.
+The only module that touches Starlette's websocket. After the upgrade, a connection on
+the relay's own server moves to its direct socket (relay.wsserver) and is served by
+callbacks, with no task of its own (`Direct`); elsewhere (permessage-deflate, a plain
+ASGI server) a task reads it and a writer task drains its queue (`serve_asgi`). Either
+way each connection has a send queue (relay.sendqueue) for what its socket does not take
+at once; a reader that stops is disconnected once its queue has not shrunk for
+`slow_consumer_seconds`, and byte caps per connection and per relay bound memory
+whatever readers do. REQ/COUNT frames run as tasks (bounded per connection) so one slow
+database round trip does not stall the connection's other messages.
 """
 
 from __future__ import annotations
@@ -13,8 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from starlette.requests import HTTPConnection
@@ -22,6 +24,7 @@ from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket
 
 from relay import metrics, wire
+from relay.memtrim import trimmer
 from relay.pipeline import Relay
 from relay.sendqueue import OutputBudget, OutputQueue, budget_for
 from relay.session import Session, offer_each
@@ -36,28 +39,30 @@ CLOSE_TIMEOUT = 2.0  # seconds to try a close handshake with a reader that is st
 
 
 class Connection(OutputQueue):
-    """A websocket plus its outgoing queue (relay.sendqueue: byte caps, stall detection)."""
+    """A websocket's outgoing side: straight to the direct socket while it takes data,
+    else queued (relay.sendqueue: byte caps, stall detection) and drained as it does;
+    without a direct socket (the ASGI path) a writer task drains the queue."""
+
+    __slots__ = ("direct", "dropped_callback", "gone", "sending", "ws")
 
     def __init__(self, ws: WebSocket, budget: OutputBudget, max_bytes: int) -> None:
         super().__init__(budget, max_bytes)
-        self.ws = ws
-        # the server's direct send path (relay.wsserver), when it offers one
-        self.direct: Any = ws.scope.get("extensions", {}).get(DIRECT)
-        self.sending = False  # the writer holds a frame it has not handed over yet
-
-    def _send_direct(self, frame: bytes) -> bool:
-        """Hand the frame to the socket now, if nothing is queued ahead of it and the
-        socket is taking data; otherwise the queue keeps order and applies backpressure."""
-        direct = self.direct
-        if direct is not None and not self.frames and not self.sending and direct.can_send():
-            direct.send_text_now(frame)
-            return True
-        return False
+        self.ws = ws  # the ASGI websocket (None once the connection is detached)
+        self.direct: Any = None  # relay.wsserver.DirectSocket once detached
+        self.gone: asyncio.Event | None = None  # the ASGI path: set when dropped
+        self.dropped_callback: Callable[[], None] | None = None  # the direct path's
+        self.sending = False  # the ASGI writer holds a frame it has not handed over yet
 
     def send(self, frame: bytes) -> None:
         """Non-blocking: to the socket, else queued; a reader past its cap is dropped."""
-        if self.dropped is None and not self._send_direct(frame):
-            self.push(frame)
+        if self.dropped is not None:
+            return
+        direct = self.direct
+        if direct is not None and not self.frames and direct.send_text(frame):
+            return
+        self.push(frame)
+        if direct is not None:
+            direct.waiting = True
 
     def offer(self, frame: bytes) -> bool:
         """Send or queue a frame if the queue has room for bulk output now; False: the
@@ -70,10 +75,10 @@ class Connection(OutputQueue):
     def offer_all(self, frames: list[bytes], start: int = 0) -> int:
         """`offer` for `frames[start:]`: the index of the first one not taken (the caller
         awaits `send_wait` for it), len(frames) once all are. Frames the socket takes now
-        go in one call to the server's direct path."""
+        go in one call to the direct socket."""
         direct = self.direct
         i = start
-        if direct is not None and not self.frames and not self.sending and self.dropped is None:
+        if direct is not None and not self.frames and self.dropped is None:
             i = direct.send_texts_now(frames, i)
         return offer_each(self.offer, frames, i)
 
@@ -82,8 +87,22 @@ class Connection(OutputQueue):
         while not self.offer(frame):
             await self.wait_room(self.cost(frame))
 
+    def drain(self) -> None:
+        """The direct socket takes data again: queued frames go to it, in order (each
+        frame sent is progress for stall detection)."""
+        direct = self.direct
+        while self.frames and direct.can_send():
+            direct.send_text(self.pop())
+        direct.waiting = bool(self.frames)
+
+    def dropped_hook(self) -> None:
+        if self.dropped_callback is not None:
+            self.dropped_callback()
+        elif self.gone is not None:
+            self.gone.set()
+
     async def writer(self) -> None:
-        """Drain the queue to the socket (each frame sent is progress for stall detection)."""
+        """The ASGI path: drain the queue to the socket."""
         send = self.ws.send
         while True:
             await self.wait_frames()
@@ -94,8 +113,8 @@ class Connection(OutputQueue):
             self.sending = False
 
     async def goodbye(self) -> None:
-        """After a drop: a NOTICE and a close frame if the socket takes them in time, then
-        the connection is cut (a reader that stopped would never take them)."""
+        """The ASGI path, after a drop: a NOTICE and a close frame if the socket takes
+        them in time (a reader that stopped would never take them)."""
         notice = wire.notice(Reason.ERROR(self.notice())).decode()
 
         async def farewell() -> None:
@@ -104,9 +123,6 @@ class Connection(OutputQueue):
 
         with contextlib.suppress(Exception):
             await asyncio.wait_for(farewell(), CLOSE_TIMEOUT)
-            return
-        if self.direct is not None:
-            self.direct.abort()
 
 
 def client_ip(ws: HTTPConnection, trust_forwarded_for: bool) -> str:
@@ -138,10 +154,10 @@ def frame_failed(session: Session) -> None:
 
 
 async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
-    """One client connection, from the upgrade to the close: admitted (the address's
-    connection cap), its session and send queue made, frames read (`receive_direct` or
-    `read_frames`) until the client leaves, the writer fails or the reader is dropped
-    as a slow consumer; then everything of it is released."""
+    """One client connection: admitted (the address's connection cap), accepted, its
+    session and send queue made; then either handed to the server's direct socket
+    (`Direct`, no task: this returns at once) or, on the ASGI path, served by this task
+    until the client leaves (`serve_asgi`)."""
     ip = client_ip(ws, relay.settings.rate.trust_forwarded_for)
     allowance = relay.connect(tenant, ip)
     if allowance is None:
@@ -157,7 +173,7 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
     budget = budget_for(relay, settings.send_queue_budget_bytes, settings.slow_consumer_seconds)
     conn = Connection(ws, budget, settings.send_queue_bytes)
     session = Session(
-        secrets.token_hex(16),
+        None,
         ws.headers.get("host", ""),
         conn.send,
         conn.send_wait,
@@ -168,83 +184,130 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
         offer_all=conn.offer_all,
         local=local_address(ws),
     )
-    allowance.address.sessions.add(session)
+    if not allowance.exempt:
+        allowance.address.sessions.add(session)
+    metrics.connection_opened(tenant.key)
+    trimmer.opened()
+    server = ws.scope.get("extensions", {}).get(DIRECT)
+    socket = server.detach() if server is not None else None
+    if socket is not None:
+        Direct(relay, conn, session, socket)
+        return
+    await serve_asgi(ws, relay, conn, session)
+
+
+class Direct:
+    """A connection on the server's direct socket (relay.wsserver.DirectSocket): every
+    message is handled synchronously as it is parsed, past `in_flight_max` EVENTs or
+    tasks in flight the socket is not read, queued output drains when the socket takes
+    data again, and whatever ends the connection (the client, a protocol error, the
+    keepalive, a slow-consumer drop) releases it here. No task of its own: a crowd of
+    idle subscribers costs memory only."""
+
+    __slots__ = ("conn", "limit", "paused", "relay", "session", "socket", "tasks")
+
+    def __init__(self, relay: Relay, conn: Connection, session: Session, socket: Any) -> None:
+        self.relay = relay
+        self.conn = conn
+        self.session = session
+        self.socket = socket
+        self.limit = relay.settings.in_flight_max
+        self.paused = False
+        self.tasks: set[asyncio.Task[None]] | None = None  # REQ/COUNT/... in flight
+        conn.ws = None  # the ASGI websocket is done with
+        conn.direct = socket
+        conn.dropped_callback = self.dropped
+        session.on_event_done = self.wake
+        socket.start(self.on_message, self.gone, conn.drain)
+        if session.tenant.auth_challenge == "on-connect":
+            session.send_challenge()
+
+    def busy(self) -> bool:
+        tasks = self.tasks
+        limit = self.limit
+        return self.session.in_flight >= limit or (tasks is not None and len(tasks) >= limit)
+
+    def on_message(self, frame: str | bytes) -> bool:
+        """One client message; False: stop reading until `wake`."""
+        session = self.session
+        try:
+            work = self.relay.handle(session, frame)
+        except Exception:
+            frame_failed(session)
+            work = None
+        if work is not None:
+            task = asyncio.ensure_future(guarded(work, session))
+            if self.tasks is None:
+                self.tasks = set()
+            self.tasks.add(task)
+            task.add_done_callback(self.task_done)
+        if self.busy():
+            self.paused = True
+            return False
+        return True
+
+    def task_done(self, task: asyncio.Task[None]) -> None:
+        tasks = self.tasks
+        if tasks is not None:
+            tasks.discard(task)
+            if not tasks:
+                self.tasks = None
+        if self.paused:
+            self.wake()
+
+    def wake(self) -> None:
+        """An EVENT or a task finished: read again if there is room now."""
+        if self.paused and not self.busy():
+            self.paused = False
+            self.socket.resume_receiving()
+
+    def gone(self) -> None:
+        """The connection is closed: everything of it is released."""
+        session = self.session
+        if session.closed:
+            return
+        metrics.connection_closed(session.tenant.key)
+        trimmer.closed()
+        self.relay.disconnect(session)
+        session.on_event_done = None
+        tasks, self.tasks = self.tasks, None
+        for task in tasks or ():
+            task.cancel()
+        self.conn.close()
+        self.conn.dropped_callback = None
+
+    def dropped(self) -> None:
+        """The reader was dropped as a slow consumer: a NOTICE and a close frame, after
+        whatever the socket already holds, and the connection is released."""
+        notice = wire.notice(Reason.ERROR(self.conn.notice()))
+        asyncio.get_running_loop().call_soon(
+            self.socket.close, SLOW_CONSUMER_CLOSE, "slow consumer", notice
+        )
+
+
+async def serve_asgi(ws: WebSocket, relay: Relay, conn: Connection, session: Session) -> None:
+    """The ASGI path (permessage-deflate, a plain ASGI server): frames read by this task
+    (`read_frames`) and written by a writer task until the client leaves, the writer
+    fails or the reader is dropped as a slow consumer; then everything is released."""
+    conn.gone = asyncio.Event()
     writer = asyncio.create_task(conn.writer())
     gone = asyncio.create_task(conn.gone.wait())
     tasks: set[asyncio.Task[None]] = set()  # the connection's REQ/COUNT/... in flight
-    if tenant.auth_challenge == "on-connect":
+    if session.tenant.auth_challenge == "on-connect":
         session.send_challenge()
-    reader: asyncio.Future[None] = receive_direct(relay, conn, session, tasks) or (
-        asyncio.create_task(read_frames(ws, relay, session, tasks))
-    )
-    metrics.connection_opened(tenant.key)
+    reader = asyncio.create_task(read_frames(ws, relay, session, tasks))
     try:
-        # whichever ends first ends the connection: the client leaving, the writer
-        # failing, or the reader being dropped as a slow consumer
+        # whichever ends first ends the connection
         await asyncio.wait({reader, writer, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        if not isinstance(reader, asyncio.Task):  # the direct path: no more messages
-            conn.direct.stop_receiving()
-        metrics.connection_closed(tenant.key)
+        metrics.connection_closed(session.tenant.key)
+        trimmer.closed()
         relay.disconnect(session)
         for task in (reader, writer, gone, *tasks):
             task.cancel()
         conn.close()
     if conn.dropped is not None:
         await conn.goodbye()
-
-
-def receive_direct(
-    relay: Relay, conn: Connection, session: Session, tasks: set[asyncio.Task[None]]
-) -> asyncio.Future[None] | None:
-    """Frames from the server's direct receive path (relay.wsserver), when it offers one:
-    each message is handled synchronously in the protocol's data_received; past
-    `in_flight_max` EVENTs or tasks in flight the socket is not read. The future ends
-    when the client is gone; None: no direct path (read_frames instead)."""
-    direct = conn.direct
-    if direct is None or not hasattr(direct, "receive_direct"):
-        return None
-    limit = relay.settings.in_flight_max
-    handle = relay.handle
-    gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    paused = False
-
-    def wake(_: object = None) -> None:
-        nonlocal paused
-        if paused and session.in_flight < limit and len(tasks) < limit:
-            paused = False
-            direct.resume_receiving()
-
-    def done(task: asyncio.Task[None]) -> None:
-        tasks.discard(task)
-        if paused:
-            wake()
-
-    def on_message(frame: str | bytes) -> bool:
-        nonlocal paused
-        try:
-            work = handle(session, frame)
-        except Exception:
-            frame_failed(session)
-            work = None
-        if work is not None:
-            task = asyncio.ensure_future(guarded(work, session))
-            tasks.add(task)
-            task.add_done_callback(done)
-        if session.in_flight < limit and len(tasks) < limit:
-            return True
-        paused = True
-        return False
-
-    def on_gone() -> None:
-        if not gone.done():
-            gone.set_result(None)
-
-    session.on_event_done = wake
-    if not direct.receive_direct(on_message, on_gone):
-        session.on_event_done = None
-        return None
-    return gone
 
 
 async def read_frames(

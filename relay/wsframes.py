@@ -58,6 +58,15 @@ class FrameError(Exception):
         self.reason = reason
 
 
+def text_frame_header(size: int) -> bytes:
+    """RFC 6455 header of an unmasked, final text frame carrying `size` bytes."""
+    if size < 126:
+        return bytes((0x81, size))
+    if size < 65_536:
+        return b"\x81\x7e" + size.to_bytes(2, "big")
+    return b"\x81\x7f" + size.to_bytes(8, "big")
+
+
 def close_frame(code: int | None, reason: str = "") -> bytes:
     """An unmasked server close frame (`code` None: no status, an empty payload)."""
     payload = b"" if code is None else code.to_bytes(2, "big") + reason.encode()[:123]

@@ -1,99 +1,451 @@
-"""uvicorn's websocket protocol with direct, synchronous receive and send paths.
+"""uvicorn's websocket protocol for the upgrade, then a compact direct socket per connection.
 
 Profiling the REQ and fan-out phases showed most of the relay's CPU in one
 `transport.write` syscall per frame, the websockets library's frame objects, and the
-ASGI await chain around each send. This protocol lets the transport hand it ready UTF-8
-frames synchronously: the frame header is built here (server frames are unmasked and
-never fragmented), and every connection with output is written once per event-loop
-iteration. The ASGI path stays for everything else (and is what the transport falls
-back to whenever the socket is not writable, so ordering and backpressure are kept).
-Plain ASGI servers work too: the transport uses this only when the `engram.direct`
-scope extension is present.
+ASGI await chain around each send; profiling a crowd of 10,000 idle subscribers showed
+most of its memory (37 KB per connection) in what uvicorn keeps for a connection's whole
+life: its protocol object (a 50-attribute dict, an ASGI queue, events), the ASGI task
+with its chain of a dozen coroutine frames, the websockets library's state machine and
+the request's headers three times over.
 
-Receiving: once the transport calls `receive_direct`, client frames bypass the websockets
-library's parser, the ASGI message and Starlette's receive: `relay.wsframes` parses them
-and each message goes to the transport's callback synchronously; when the callback says
-it is busy (too many EVENTs waiting for their commit), reading pauses until
-`resume_receiving`. The HTTP upgrade, keepalive pings and closes we initiate stay with
-uvicorn and the websockets library; a connection that negotiated an extension
-(permessage-deflate) keeps the library's parser for its whole life.
+So uvicorn and the websockets library do the HTTP upgrade and the ASGI app decides as
+usual (tenant, limits, accept); then the transport (relay.transport) calls `detach()`,
+which moves the connection to a `DirectSocket`: a slotted asyncio protocol that owns the
+socket from then on, parses client frames with `relay.wsframes`, hands each message to
+the transport's callback synchronously, and takes ready UTF-8 frames synchronously (the
+header is built here: server frames are unmasked and never fragmented); every connection
+with output is written once per event-loop iteration, in one system call. The ASGI app
+returns and its task ends, and the uvicorn protocol object is let go; keepalive pings of
+every direct socket run on one timer (`Keepalive`), not one timer per connection.
+
+A connection that negotiated an extension (permessage-deflate) is never detached: it
+keeps the library's parser and the ASGI path for its whole life, as it would on a plain
+ASGI server (the transport detaches only when the `engram.direct` scope extension is
+present).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-from websockets.frames import Frame, Opcode
-from websockets.protocol import State
 
 from relay import wsframes
 from relay.transport import DIRECT
+from relay.wsframes import text_frame_header
 
-_OPEN = State.OPEN
-# Bytes a connection may hold outside the relay's own accounted queue (corked frames plus
-# the transport's buffer); past it frames wait in that queue (relay.sendqueue), whose
-# bounds decide when a reader is too slow. It is part of the per-connection constant in
-# the memory bound (docs/OPERATING.md "Operating it"), hence the transport's own
-# high-water mark: 256 KiB held 330 MiB beyond the budget with 1,000 stalled readers
-# (bench stalled).
-DIRECT_MAX = 64 * 1024
-
-
-def text_frame_header(size: int) -> bytes:
-    """RFC 6455 header of an unmasked, final text frame carrying `size` bytes."""
-    if size < 126:
-        return bytes((0x81, size))
-    if size < 65_536:
-        return b"\x81\x7e" + size.to_bytes(2, "big")
-    return b"\x81\x7f" + size.to_bytes(8, "big")
+# Bytes a connection may hold outside the relay's own accounted queue: frames corked in
+# one loop iteration (`DIRECT_MAX`) plus the transport's buffer (its high-water mark,
+# `DIRECT_MAX` too); past them frames wait in that queue (relay.sendqueue), whose bounds
+# decide when a reader is too slow. It is part of the per-connection constant in the
+# memory bound (docs/OPERATING.md "Operating it"): 256 KiB held 330 MiB beyond the
+# budget with 1,000 stalled readers (bench stalled).
+DIRECT_MAX = 32 * 1024
+CLOSE_TIMEOUT = 2.0  # seconds a close we start may wait for the socket to flush
+KEEPALIVE_TICK = 1.0  # seconds between two ticks of the keepalive wheel (at most)
+_SHORT = [text_frame_header(n) for n in range(126)]  # headers of payloads under 126 bytes
 
 
 class _Corker:
     """Connections with pending output in this loop iteration, flushed together."""
 
     def __init__(self) -> None:
-        self.pending: list[RelayWebSocketProtocol] = []
+        self.pending: list[DirectSocket] = []
 
-    def add(self, proto: RelayWebSocketProtocol) -> None:
+    def add(self, sock: DirectSocket) -> None:
+        """`sock` has output (DirectSocket.send_text adds itself the same way, inline)."""
         if not self.pending:
             asyncio.get_running_loop().call_soon(self.flush)
-        self.pending.append(proto)
+        self.pending.append(sock)
 
     def flush(self) -> None:
         pending, self.pending = self.pending, []
-        for proto in pending:
-            proto.flush()
+        for sock in pending:
+            sock.flush()
 
 
 _corker = _Corker()
 
 
-class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+class Keepalive:
+    """Pings for every direct socket from one timer: a wheel of buckets one tick apart
+    (one second, or the interval if shorter) that turns once per interval, one bucket
+    pinged each tick; a socket whose pong has not come `timeout` seconds after its ping
+    is closed (1011), as uvicorn's keepalive does. A timer per connection cost ~400 bytes
+    and a wake-up each; a crowd that connected in a storm is pinged spread over the
+    wheel's turn instead of all at once."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, interval: float, timeout: float | None
+    ) -> None:
+        self.loop = loop
+        self.tick = min(KEEPALIVE_TICK, interval)
+        self.slots = max(1, round(interval / self.tick))
+        self.check = bool(timeout and timeout > 0)
+        # ticks from a ping to its deadline (at most a turn: then it is checked just
+        # before the next ping)
+        self.lag = min(self.slots, max(1, math.ceil((timeout or 0) / self.tick)))
+        self.buckets: list[set[DirectSocket]] = [set() for _ in range(self.slots)]
+        self.cursor = 0
+        self.size = 0
+        self.timer: asyncio.TimerHandle | None = None
+
+    def add(self, sock: DirectSocket) -> None:
+        """The socket's first ping comes after about one interval."""
+        index = self.cursor
+        sock.bucket = index
+        self.buckets[index].add(sock)
+        self.size += 1
+        if self.timer is None:
+            self.timer = self.loop.call_later(self.tick, self.turn)
+
+    def remove(self, sock: DirectSocket) -> None:
+        bucket = self.buckets[sock.bucket]
+        if sock in bucket:
+            bucket.remove(sock)
+            self.size -= 1
+
+    def turn(self) -> None:
+        self.timer = None
+        self.cursor = cursor = (self.cursor + 1) % self.slots
+        if self.check:  # the bucket pinged `lag` turns ago: its pongs are overdue
+            for sock in [s for s in self.buckets[(cursor - self.lag) % self.slots] if s.pinged]:
+                sock.ping_timeout()
+        bucket = self.buckets[cursor]
+        if bucket:
+            payload = os.urandom(4)
+            frame = wsframes.control_frame(wsframes.OP_PING, payload)
+            for sock in bucket:
+                sock.ping(frame, payload)
+        if self.size:
+            self.timer = self.loop.call_later(self.tick, self.turn)
+
+
+_keepalives: dict[tuple[float, float | None], Keepalive] = {}
+
+
+def keepalive_for(interval: float | None, timeout: float | None) -> Keepalive | None:
+    """The running loop's wheel for these settings (None: no keepalive pings)."""
+    if not interval or interval <= 0:
+        return None
+    loop = asyncio.get_running_loop()
+    wheel = _keepalives.get((interval, timeout))
+    if wheel is None or wheel.loop is not loop:
+        wheel = _keepalives[interval, timeout] = Keepalive(loop, interval, timeout)
+    return wheel
+
+
+class _HandedOver:
+    """What a detached uvicorn protocol sees as its transport: the socket is another
+    protocol's now, so whatever uvicorn still does with it (closing it as the ASGI task
+    ends) does nothing."""
+
+    def close(self) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> None:
+        pass
+
+
+_HANDED_OVER = _HandedOver()
+
+
+class DirectSocket(asyncio.Protocol):
+    """One websocket connection after `RelayWebSocketProtocol.detach`.
+
+    Receiving: each client message goes to `on_message` as it is parsed; when it returns
+    False (too many EVENTs or tasks in flight) reading pauses until `resume_receiving`.
+    `on_gone` runs once when the connection is closed, whoever closed it.
+    Sending: `send_text` takes a frame while the socket takes data; otherwise (False) the
+    transport queues the frame and sets `waiting`, and `on_writable` runs once the socket
+    takes data again.
+    """
+
+    __slots__ = (
+        "_out",
+        "_out_bytes",
+        "bucket",
+        "close_sent",
+        "closed",
+        "connections",
+        "keepalive",
+        "on_gone",
+        "on_message",
+        "on_writable",
+        "pinged",
+        "reading_paused",
+        "rx",
+        "rx_paused",
+        "rx_scheduled",
+        "transport",
+        "waiting",
+        "writing_paused",
+    )
+
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        rx: wsframes.ClientFrameReader,
+        connections: set[Any],
+        keepalive: Keepalive | None,
+    ) -> None:
+        self.transport = transport
+        self.rx = rx
+        self.connections = connections  # uvicorn's: shut down with the server
+        self.keepalive = keepalive
+        self.bucket = 0
+        self.pinged: bytes | None = None  # the payload of the ping awaiting its pong
         self._out: list[bytes] = []
         self._out_bytes = 0
-        # direct receive: bytes after the upgrade request go to `_rx` instead of the library
-        self._head = bytearray()  # the upgrade request, until its end is seen
-        self._rx: wsframes.ClientFrameReader | None = None
-        self._on_message: Callable[[str | bytes], bool] | None = None
-        self._on_gone: Callable[[], None] | None = None
-        self._rx_paused = False  # the receiver is busy: frames wait in `_rx`
-        self._rx_scheduled = False
-        self._reading_paused = False
+        self.on_message: Callable[[str | bytes], bool] | None = None
+        self.on_gone: Callable[[], None] | None = None
+        self.on_writable: Callable[[], None] | None = None
+        self.waiting = False  # frames wait in the transport's queue for `on_writable`
+        self.close_sent = False
+        self.closed = False
+        self.rx_paused = False  # the receiver is busy: frames wait in `rx`
+        self.rx_scheduled = False
+        self.reading_paused = False
+        self.writing_paused = False
+
+    def start(
+        self,
+        on_message: Callable[[str | bytes], bool],
+        on_gone: Callable[[], None],
+        on_writable: Callable[[], None],
+    ) -> None:
+        """Messages to `on_message` from now on (those already buffered first)."""
+        self.on_message = on_message
+        self.on_gone = on_gone
+        self.on_writable = on_writable
+        self.connections.add(self)
+        if self.keepalive is not None:
+            self.keepalive.add(self)
+        if self.rx.buffered():
+            self._schedule()
 
     # -- receiving --------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        rx = self.rx
+        rx.feed(data)
+        if self.on_message is not None and not self.rx_paused:
+            self._drain()
+        elif rx.buffered() > rx.max_size:  # nobody reading: stop taking more
+            self._pause_reading()
+
+    def eof_received(self) -> bool | None:
+        return None  # the transport closes itself; connection_lost follows
+
+    def resume_receiving(self) -> None:
+        """The receiver has room again: go on with buffered frames, then the socket."""
+        if self.rx_paused:
+            self.rx_paused = False
+            self._schedule()
+
+    def _schedule(self) -> None:
+        if not self.rx_scheduled:
+            self.rx_scheduled = True
+            asyncio.get_running_loop().call_soon(self._resume)
+
+    def _resume(self) -> None:
+        self.rx_scheduled = False
+        if not self.rx_paused and self.on_message is not None:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Messages to the receiver until the buffer is empty or the receiver is busy."""
+        rx = self.rx
+        on_message = self.on_message
+        assert on_message is not None
+        try:
+            while True:
+                item = rx.next()
+                if item is None:
+                    break
+                opcode, payload = item
+                if opcode <= wsframes.OP_BINARY:
+                    if self.close_sent:
+                        continue  # we are closing: discard, keep reading for the echo
+                    if not on_message(payload):
+                        self.rx_paused = True
+                        self._pause_reading()
+                        return
+                elif opcode == wsframes.OP_PING:
+                    self._control(wsframes.control_frame(wsframes.OP_PONG, payload))  # type: ignore[arg-type]
+                elif opcode == wsframes.OP_PONG:
+                    if payload == self.pinged:
+                        self.pinged = None
+                else:
+                    self._closed_by_peer(wsframes.parse_close(payload)[0])  # type: ignore[arg-type]
+                    return
+                if self.on_message is None:  # the receiver is gone (a close on its side)
+                    return
+        except wsframes.FrameError as exc:
+            self.close(exc.code, exc.reason)
+            return
+        if self.reading_paused:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    def _pause_reading(self) -> None:
+        if not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def _control(self, frame: bytes) -> None:
+        if not self.close_sent and not self.closed:
+            self.flush()  # whatever is corked goes first
+            self.transport.write(frame)
+
+    def _closed_by_peer(self, code: int) -> None:
+        if not self.close_sent:
+            self.flush()
+            echo = None if code == wsframes.CLOSE_NO_STATUS else code
+            self.transport.write(wsframes.close_frame(echo))
+            self.close_sent = True
+        self.transport.close()
+        self._gone()
+
+    def close(self, code: int, reason: str = "", last: bytes = b"") -> None:
+        """Close with `code` (after a last text message, e.g. a NOTICE): the connection
+        is gone for the relay at once; the socket is cut if it has not flushed within
+        CLOSE_TIMEOUT (a reader that stopped would never take the bytes)."""
+        if not self.close_sent and not self.closed:
+            self.flush()
+            before = text_frame_header(len(last)) + last if last else b""
+            self.transport.write(before + wsframes.close_frame(code, reason))
+            self.close_sent = True
+            self.transport.close()
+            asyncio.get_running_loop().call_later(CLOSE_TIMEOUT, self.transport.abort)
+        self._gone()
+
+    def shutdown(self) -> None:
+        """The server is stopping (uvicorn calls this on every connection)."""
+        self.close(1012)
+
+    def _gone(self) -> None:
+        if self.keepalive is not None:
+            self.keepalive.remove(self)
+        self.connections.discard(self)
+        on_gone = self.on_gone
+        self.on_gone = self.on_message = self.on_writable = None
+        if on_gone is not None:
+            on_gone()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._out, self._out_bytes = [], 0
+        self._gone()
+
+    # -- keepalive --------------------------------------------------------------------
+
+    def ping(self, frame: bytes, payload: bytes) -> None:
+        if not self.close_sent and not self.closed:
+            self.pinged = payload
+            self.flush()
+            self.transport.write(frame)
+
+    def ping_timeout(self) -> None:
+        self.close(1011, "keepalive ping timeout")
+
+    # -- sending ----------------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        if self.waiting and self.on_writable is not None:
+            self.on_writable()
+
+    def can_send(self) -> bool:
+        """The connection is open, its socket is taking data and this iteration's
+        output is under DIRECT_MAX."""
+        return not (self.writing_paused or self.close_sent or self.closed) and (
+            self._out_bytes < DIRECT_MAX
+        )
+
+    def send_text(self, payload: bytes) -> bool:
+        """One text frame (UTF-8 bytes), written with the others at the end of this loop
+        iteration, if `can_send()`; False: not taken (the caller queues it). The fan-out
+        path: one call per delivery."""
+        if self.writing_paused or self.close_sent or self.closed or self._out_bytes >= DIRECT_MAX:
+            return False
+        out = self._out
+        if not out:
+            pending = _corker.pending
+            if not pending:
+                asyncio.get_running_loop().call_soon(_corker.flush)
+            pending.append(self)
+        size = len(payload)
+        out.append(_SHORT[size] if size < 126 else text_frame_header(size))
+        out.append(payload)
+        self._out_bytes += size
+        return True
+
+    def send_texts_now(self, payloads: list[bytes], start: int) -> int:
+        """`send_text` for `payloads[start:]` as far as it would take them one
+        by one: returns the index of the first one left to the caller. A REQ's stored
+        results in one call."""
+        end = len(payloads)
+        if start >= end or not self.can_send():
+            return start
+        room = DIRECT_MAX - self._out_bytes
+        out = self._out
+        if not out:
+            _corker.add(self)
+        i = start
+        written = 0
+        while i < end and written < room:
+            payload = payloads[i]
+            out.append(text_frame_header(len(payload)))
+            out.append(payload)
+            written += len(payload)
+            i += 1
+        self._out_bytes += written
+        return i
+
+    def abort(self) -> None:
+        """Cut the connection now, discarding unsent output."""
+        self._out, self._out_bytes = [], 0
+        self.transport.abort()
+
+    def flush(self) -> None:
+        out = self._out
+        if not out:
+            return
+        data = b"".join(out)
+        out.clear()
+        self._out_bytes = 0
+        if not self.closed:
+            self.transport.write(data)
+        if self.waiting and not self.writing_paused and self.on_writable is not None:
+            self.on_writable()  # the transport's queue goes on while the socket takes it
+
+
+class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's websocket protocol until the transport detaches the connection."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # bytes after the upgrade request go to `_rx` instead of the library's parser
+        self._head = bytearray()  # the upgrade request, until its end is seen
+        self._rx: wsframes.ClientFrameReader | None = None
+        self._reading_paused = False
+
+    def data_received(self, data: bytes) -> None:
         rx = self._rx
-        if rx is not None:
+        if rx is not None:  # the upgrade is done: held for the direct socket
             rx.feed(data)
-            if self._on_message is not None and not self._rx_paused:
-                self._drain()
-            elif rx.buffered() > rx.max_size:  # nobody reading: stop taking more
+            if rx.buffered() > rx.max_size:  # nobody reading yet: stop taking more
                 self._pause_reading()
             return
         if self.handshake_initiated:
@@ -119,10 +471,10 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
-        if getattr(self, "scope", None) is not None and self.response.status_code == 101:
-            self.scope["extensions"][DIRECT] = self  # type: ignore[index]
         if self.conn.extensions or self.response.status_code != 101:
             self._give_back()
+        elif getattr(self, "scope", None) is not None:
+            self.scope["extensions"][DIRECT] = self  # type: ignore[index]
 
     def _give_back(self) -> None:
         """Leave every frame to the library's parser (buffered bytes included)."""
@@ -131,73 +483,41 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
             rest = bytes(rx._buf[rx._pos :])
             super().data_received(rest)
 
-    def receive_direct(
-        self, on_message: Callable[[str | bytes], bool], on_gone: Callable[[], None]
-    ) -> bool:
-        """Hand every further client message to `on_message` (False: pause reading until
-        `resume_receiving`); `on_gone` runs once the connection is closed. Returns False
-        when this connection cannot (the transport then uses the ASGI receive)."""
-        if self._rx is None or self.close_sent or self.disconnected or not self.queue.empty():
-            return False
-        self._on_message = on_message
-        self._on_gone = on_gone
-        if self._rx.buffered():
-            self._schedule()
-        return True
-
-    def stop_receiving(self) -> None:
-        """The receiver is gone: messages stay buffered (reading pauses when full)."""
-        self._on_message = None
-        self._on_gone = None
-
-    def resume_receiving(self) -> None:
-        """The receiver has room again: go on with buffered frames, then the socket."""
-        if self._rx_paused:
-            self._rx_paused = False
-            self._schedule()
-
-    def _schedule(self) -> None:
-        if not self._rx_scheduled:
-            self._rx_scheduled = True
-            self.loop.call_soon(self._resume)
-
-    def _resume(self) -> None:
-        self._rx_scheduled = False
-        if self._rx_paused or self._rx is None or self._on_message is None:
-            return
-        self._drain()
-
-    def _drain(self) -> None:
-        """Messages to the receiver until the buffer is empty or the receiver is busy."""
+    def detach(self) -> DirectSocket | None:
+        """After the ASGI app accepted: the connection moves to a `DirectSocket` (the
+        caller starts it), this object lets go of the socket, and the app may return
+        without the connection being closed. None when it cannot (the client is gone,
+        a close was sent, or the app already read through ASGI)."""
         rx = self._rx
-        on_message = self._on_message
-        assert rx is not None and on_message is not None
-        try:
-            while True:
-                item = rx.next()
-                if item is None:
-                    break
-                opcode, payload = item
-                if opcode <= wsframes.OP_BINARY:
-                    if self.close_sent:
-                        continue  # the app is closing: discard, keep reading for the echo
-                    if not on_message(payload):
-                        self._rx_paused = True
-                        self._pause_reading()
-                        return
-                elif opcode == wsframes.OP_PING:
-                    self._control(wsframes.control_frame(wsframes.OP_PONG, payload))  # type: ignore[arg-type]
-                elif opcode == wsframes.OP_PONG:
-                    self.handle_pong(Frame(Opcode.PONG, payload))  # type: ignore[arg-type]
-                else:
-                    self._closed_by_peer(*wsframes.parse_close(payload))  # type: ignore[arg-type]
-                    return
-        except wsframes.FrameError as exc:
-            self._fail(exc.code, exc.reason)
-            return
-        if self._reading_paused:
-            self._reading_paused = False
-            self.transport.resume_reading()
+        transport = self.transport
+        if (
+            rx is None
+            or not self.handshake_complete
+            or self.close_sent
+            or self.disconnected
+            or not self.queue.empty()
+            or transport.is_closing()
+        ):
+            return None
+        self.stop_keepalive()
+        pending = self.conn.data_to_send()
+        sock = DirectSocket(
+            transport, rx, self.connections, keepalive_for(self.ping_interval, self.ping_timeout)
+        )
+        sock.reading_paused = self._reading_paused
+        sock.writing_paused = not self.writable.is_set()
+        transport.set_write_buffer_limits(high=DIRECT_MAX)
+        transport.set_protocol(sock)
+        if pending:
+            transport.write(b"".join(pending))
+        self.connections.discard(self)
+        # let go of everything: the ASGI task ends with the app, and nothing is left
+        # referring to this object (the scope and the library's parser hold it in cycles)
+        self._rx = None
+        self.transport = _HANDED_OVER  # type: ignore[assignment]
+        self.scope["extensions"].pop(DIRECT, None)  # type: ignore[union-attr]
+        self.conn.parser = None  # type: ignore[assignment]
+        return sock
 
     def _pause_reading(self) -> None:
         if not self._reading_paused:
@@ -205,114 +525,11 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
             self.transport.pause_reading()
 
     async def receive(self) -> Any:
-        """The ASGI receive, for an app that does not take the direct path: the library's
-        parser gets the frames (nothing of them was parsed yet)."""
-        if self._rx is not None and self._on_message is None and self.queue.empty():
+        """The ASGI receive, for an app that does not detach: the library's parser gets
+        the frames (nothing of them was parsed yet)."""
+        if self._rx is not None and self.queue.empty():
             self._give_back()
             if self._reading_paused:
                 self._reading_paused = False
                 self.transport.resume_reading()
         return await super().receive()
-
-    def _control(self, frame: bytes) -> None:
-        if not self.close_sent and not self.transport.is_closing():
-            self.flush()  # whatever is corked goes first
-            self.transport.write(frame)
-
-    def _closed_by_peer(self, code: int, reason: str) -> None:
-        self._rx = None
-        if self.close_sent:  # the peer answered our close: the handshake is complete
-            if self.close_timer is not None:
-                self.close_timer.cancel()
-                self.close_timer = None
-            self.transport.close()
-            return
-        if not self.transport.is_closing():
-            self.flush()
-            echo = None if code == wsframes.CLOSE_NO_STATUS else code
-            self.transport.write(wsframes.close_frame(echo))
-            self.close_sent = True
-            self.transport.close()
-        self._gone()
-
-    def _fail(self, code: int, reason: str) -> None:
-        """Close the connection for a protocol violation (RFC 6455 7.1.7)."""
-        self._rx = None
-        if not self.close_sent and not self.transport.is_closing():
-            self.flush()
-            self.transport.write(wsframes.close_frame(code, reason))
-        self.close_sent = True
-        self.transport.close()
-        self._gone()
-
-    def _gone(self) -> None:
-        on_gone, self._on_gone = self._on_gone, None
-        self._on_message = None
-        if on_gone is not None:
-            on_gone()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        self._rx = None
-        self._gone()
-
-    # -- sending ----------------------------------------------------------------------
-
-    def can_send(self) -> bool:
-        """The connection is open and its socket is taking data."""
-        return (
-            self.writable.is_set()
-            and not self.close_sent
-            and self.conn.state is _OPEN
-            and not self.transport.is_closing()
-            and self._out_bytes + self.transport.get_write_buffer_size() < DIRECT_MAX
-        )
-
-    def send_text_now(self, payload: bytes) -> None:
-        """One text frame (UTF-8 bytes), written with the others at the end of this loop
-        iteration. The caller checks `can_send()` first."""
-        out = self._out
-        if not out:
-            _corker.add(self)
-        out.append(text_frame_header(len(payload)))
-        out.append(payload)
-        self._out_bytes += len(payload)
-
-    def send_texts_now(self, payloads: list[bytes], start: int) -> int:
-        """`send_text_now` for `payloads[start:]` as far as `can_send` would take them one
-        by one (each while this iteration's output stays under DIRECT_MAX): returns the
-        index of the first one left to the caller. A REQ's stored results in one call."""
-        end = len(payloads)
-        if start >= end or not self.can_send():
-            return start
-        room = DIRECT_MAX - self._out_bytes - self.transport.get_write_buffer_size()
-        out = self._out
-        if not out:
-            _corker.add(self)
-        i = start
-        written = 0
-        while i < end and written < room:
-            payload = payloads[i]
-            out.append(text_frame_header(len(payload)))
-            out.append(payload)
-            written += len(payload)
-            i += 1
-        self._out_bytes += written
-        return i
-
-    def abort(self) -> None:
-        """Cut the connection now, discarding unsent output (a reader that stopped)."""
-        self._out, self._out_bytes = [], 0
-        self.transport.abort()
-
-    def flush(self) -> None:
-        out, self._out = self._out, []
-        self._out_bytes = 0
-        pending = self.conn.data_to_send()  # pings/pongs the library queued meanwhile
-        if pending:
-            out = [*pending, *out]
-        if out and not self.transport.is_closing():
-            if self.close_sent:  # nothing may follow a close frame
-                out = pending or []
-            if out:
-                self.transport.write(b"".join(out))

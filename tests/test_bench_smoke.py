@@ -438,3 +438,27 @@ def test_prefill_store_is_kept_per_schema(tmp_path: Path) -> None:
     (tmp_path / "migrations" / "0002_more.sql").write_text("CREATE TABLE b (x int);")
     assert schema_key(tmp_path) != first
     assert schema_key(ROOT) != first
+
+
+def test_bench_crowd_end_to_end(tmp_path: Path) -> None:
+    """`bench crowd` at a tiny size: two client processes connect a crowd, every fan-out
+    reaches every connection, the reconnect storm reconnects all of them, and the report
+    (phases, RSS figures, verdicts) is written between its markers. Nothing about speed
+    is asserted."""
+    from bench.crowd import BEGIN, END
+
+    _, text = run_into_results(
+        tmp_path,
+        BEGIN,
+        END,
+        *("crowd", "--connections", "30", "--workers", "2", "--fanouts", "2"),
+        *("--oks", "5", "--ok-rate", "200"),
+    )
+    lines = text.split("```")[1].strip().splitlines()  # the figures table
+    cols = re.split(r"\s{2,}", lines[0])
+    rows = [dict(zip(cols, re.split(r"\s{2,}", line), strict=True)) for line in lines[1:]]
+    ops = {r["phase"]: (int(r["ops"]), int(r["errors"])) for r in rows}
+    for phase in ("connect storm", "fan-out 1", "fan-out 2", "reconnect storm", "fan-out after"):
+        assert ops.get(phase, (0, 1)) == (30, 0), text  # every connection, no error
+    assert ops["EVENT->OK quiet"][0] == 5 and ops["EVENT->OK crowd"][0] == 5, text
+    assert "RSS per connection:" in text and "target: fan-out p99" in text, text
