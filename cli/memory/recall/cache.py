@@ -19,7 +19,7 @@ import contextlib
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -173,26 +173,40 @@ class CacheFile:
         relays: dict[str, int],
         checked: dict[str, float],
         seen: dict[str, int],
-    ) -> None:
+        unchanged: Callable[[], bool] | None = None,
+    ) -> bool:
         """Write the index atomically (a temporary file in the same directory, renamed).
         The payload is encoded a member at a time straight into the cipher (`_encoded`):
         at 100,000 memories the whole msgpack payload is 57 MB, and holding it beside the
-        index put the saving process's peak RSS past 400 MB (bench recall speed)."""
+        index put the saving process's peak RSS past 400 MB (bench recall speed).
+
+        `unchanged`, for a save in a thread while the event loop keeps the index (the
+        updater's background save): asked before the rename, and when the index changed
+        while it was read (or reading it failed because it did) nothing is written and
+        False is returned; the caller saves again later."""
         nonce = os.urandom(12)
         enc = Cipher(algorithms.AES(self._key), modes.GCM(nonce)).encryptor()
         enc.authenticate_additional_data(self.header)
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".recall-", dir=self.directory)  # mode 0600
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(self.header + nonce)
-                for part in _encoded(index, relays, checked, seen):
-                    view = memoryview(part)
-                    for at in range(0, len(view), CHUNK):
-                        fh.write(enc.update(view[at : at + CHUNK]))
-                    del view, part
-                fh.write(enc.finalize() + enc.tag)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(self.header + nonce)
+                    for part in _encoded(index, relays, checked, seen):
+                        view = memoryview(part)
+                        for at in range(0, len(view), CHUNK):
+                            fh.write(enc.update(view[at : at + CHUNK]))
+                        del view, part
+                    fh.write(enc.finalize() + enc.tag)
+            except (RuntimeError, KeyError, IndexError, ValueError):
+                if unchanged is None or unchanged():
+                    raise
+            if unchanged is not None and not unchanged():  # read while it changed
+                os.unlink(tmp)
+                return False
             os.replace(tmp, self.path)
+            return True
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)

@@ -192,6 +192,7 @@ class RecallIndex:
         # context, which ranking reads (`fusion.context`)
         self._groups: dict[str, list[str]] = {}
         self._speakers: Counter[str] = Counter()  # conversation turns' speakers
+        self.version = 0  # counts changes: a save read in a thread checks it
         self._prev = np.zeros(0, dtype=np.int64)
         self._next = np.zeros(0, dtype=np.int64)
 
@@ -256,6 +257,7 @@ class RecallIndex:
         ones' in the order of `known`'s live entries."""
         if not known:
             return
+        self.version += 1
         ids = self._ids
         for slug, k in known.items():
             old = self.heads.get(slug)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -158,6 +159,9 @@ class Recall:
         self.background = background  # exact checks in the background (long-running owners)
         self.rebuilt = False  # the cache was missing or refused on load
         self._saved_newest: dict[str, int] = {}
+        self._changes = 0  # changes to keep, counted; `_saved_changes`: as of the last save
+        self._saved_changes = 0
+        self._saving: asyncio.Future[bool] | None = None  # a save in its thread
         # slug -> the owner's verdicts, as last read whole (None: not read yet)
         self.verdicts: dict[str, dict[str, Version]] | None = None
 
@@ -295,8 +299,15 @@ class Recall:
                 await asyncio.wait_for(client.close(), 1.0)
         if self._exact_task is not None:
             self._exact_task.cancel()
-        if self._save_task is not None and not self._save_task.done():
-            self._save_task.cancel()
+        task = self._save_task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        if self._saving is not None and not self._saving.done():
+            with contextlib.suppress(Exception):  # a save in its thread ends first: an
+                await self._saving  # older file must not be renamed over the last one
+        if self._changes != self._saved_changes:
             async with self._lock:
                 self._save()
 
@@ -339,9 +350,10 @@ class Recall:
         peer = Peer(client, self.identity.seckey, self._docs.get(client.url))
         if not peer.serves_negentropy:
             return None
-        known = [(k.created_at, k.event_id) for k in self.index.heads.values()]
-        known += [(at, i) for i, at in self.seen.items()]
-        items = Items.from_pairs((at, bytes.fromhex(i)) for at, i in known)
+        # copied here (C-level copies), sorted and packed in a thread: at 100,000
+        # memories building the set takes over half a second, which calls must not wait for
+        heads, seen = list(self.index.heads.values()), list(self.seen.items())
+        items = await asyncio.to_thread(_items, heads, seen)
         try:
             ours, theirs, _ = await reconcile_items(peer, items, self._filter(), self.timeout)
         except Unsupported:
@@ -513,10 +525,20 @@ class Recall:
                 fetched, _ = await self._on_each(lambda c: self._exact(c, tally), own=True)
             except Exception:
                 return
-            async with self._lock:
-                self._apply(fetched, tally)
-                if tally.changed or self._dirty or self.newest != self._saved_newest:
-                    self._persist()
+            # taken without the lock, a slice of events at a time: a call in between
+            # ranks the index as it stands (each slice goes in whole, and the head rule
+            # holds whatever order events come in)
+            checker = HeadChecker(self.identity)
+            for url, got in fetched.items():
+                events = list(got.events.values())
+                for at in range(0, len(events), BACKGROUND_SLICE):
+                    changed, top = self._apply_events(events[at : at + BACKGROUND_SLICE], checker)
+                    tally.changed += changed
+                    if top:
+                        self.newest[url] = max(self.newest.get(url, 0), top)
+                    await asyncio.sleep(0)
+            if tally.changed or self._dirty or self.newest != self._saved_newest:
+                self._persist()
 
         self._exact_task = asyncio.ensure_future(run())
 
@@ -558,27 +580,56 @@ class Recall:
 
     def _persist(self) -> None:
         """Keep a change: at once in a one-shot process (a CLI run), else within
-        `save_delay` seconds, once for all the changes made meanwhile (at 100,000
-        memories a save takes a fifth of a second of the event loop; a long-running
-        process must not pay it on every write). The relays stay the truth: a change
-        lost with the process is read again by the next one."""
+        `save_delay` seconds, once for all the changes made meanwhile, in a thread that
+        holds nothing a call needs (`_save_in_thread`): at 100,000 memories a save takes a
+        fifth of a second, which a long-running process's callers must not wait for. The
+        relays stay the truth: a change lost with the process is read again by the next
+        one."""
+        self._changes += 1
         if not self.background:
             self._save()
             return
         if self._save_task is not None and not self._save_task.done():
-            return
+            return  # the running save sees `_changes` moved and saves again
 
         async def later() -> None:
-            await asyncio.sleep(self.settings.save_delay)
-            async with self._lock:
-                self._save()
+            while True:
+                await asyncio.sleep(self.settings.save_delay)
+                if await self._save_in_thread():
+                    return
 
         self._save_task = asyncio.ensure_future(later())
 
+    async def _save_in_thread(self) -> bool:
+        """One save off the event loop, without the lock: what is small (the relays'
+        newest, the seen events) is copied here, the index is read in the thread, and the
+        file is renamed in only if the index did not change meanwhile (its `version`);
+        calls go on ranking and updating the index while it runs. True when what was
+        saved is everything there was to save."""
+        index, cache = self.index, self.cache
+        if not self.persist or cache is None or index is None:
+            return True
+        version, changes = index.version, self._changes
+        newest, checked, seen = dict(self.newest), dict(self.checked), dict(self.seen)
+
+        def unchanged() -> bool:
+            return index.version == version
+
+        work = functools.partial(cache.save, index, newest, checked, seen, unchanged)
+        self._saving = asyncio.get_running_loop().run_in_executor(None, work)
+        saved = await asyncio.shield(self._saving)  # `close` waits for it, never cuts it
+        if saved:
+            self._saved_newest, self._saved_changes = newest, changes
+            if changes == self._changes:
+                self._dirty = False
+        return saved and changes == self._changes
+
     def _save(self) -> None:
+        """A save on the event loop (a one-shot process, a whole build, closing)."""
         if self.persist and self.cache is not None and self.index is not None:
             self.cache.save(self.index, self.newest, self.checked, self.seen)
             self._saved_newest = dict(self.newest)
+            self._saved_changes = self._changes
             self._dirty = False
 
     # -- what callers use -----------------------------------------------------------------
@@ -626,6 +677,16 @@ class Recall:
         )  # fmt: skip
         if self.index.apply_known([(slug, known)]):
             self._persist()
+
+
+BACKGROUND_SLICE = 32  # events the background check takes between two calls' turns
+
+
+def _items(heads: list[Known], seen: list[tuple[str, int]]) -> Items:
+    """What the index knows, as NIP-77's set: its heads and the events seen."""
+    pairs = [(k.created_at, bytes.fromhex(k.event_id)) for k in heads]
+    pairs += [(at, bytes.fromhex(i)) for i, at in seen]
+    return Items.from_pairs(pairs)
 
 
 def known_of(slug: str, live: Live) -> Known | None:
