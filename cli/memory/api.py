@@ -31,7 +31,6 @@ from dataclasses import replace
 
 from cli.memory.audit import AuditOps
 from cli.memory.base import DEFAULT_TIMEOUT, MemoryBase, MemoryRead
-from cli.memory.heads import HeadChecker
 from cli.memory.history import HistoryOps
 from cli.memory.patch import PatchError, apply_patch
 from cli.memory.recall_ops import RecallOps
@@ -74,7 +73,6 @@ from cli.nostr.errors import (
     RefusedError,
     RelayError,
 )
-from cli.nostr.relayset import RelaySession
 from cli.nostr.timeparse import format_time
 from engram import CORE_SLUG, EngramError, reachability
 from engram.live import Live, ended, valid_at, write_trust
@@ -284,40 +282,35 @@ class AgentMemory(HistoryOps, VerdictOps, AuditOps, TransferOps, RecallOps, Memo
         none holds a core candidate, or core reads as denied or forgotten (a valid verdict
         says so); `unknown` otherwise (a failure to read is never "absent").
         """
-        session = RelaySession(self.relays, self.identity.seckey, self.timeout)
+        opened = self.slug_history(CORE_SLUG, history=False)
         try:
-            await session.connect()
-            checker = HeadChecker(self.identity)
-            try:
-                read = await self._read_slug(session, checker, CORE_SLUG)
-            except AgentMemoryError as exc:
-                if session.failed and all(
-                    isinstance(e, TimeoutError) for e in session.failed.values()
-                ):
-                    names = ", ".join(self.relays)
-                    return CoreRead(
-                        "unknown", reason=f"no answer from {names} within {self.timeout:g} s"
-                    )
-                return CoreRead("unknown", reason=str(exc))
-            lv = read.live(CORE_SLUG)
-            if lv.live and lv.version is not None:
-                meta = lv.version.meta
+            async with opened:
+                read = opened.read
+        except AgentMemoryError as exc:
+            failed = opened.session.failed
+            if failed and all(isinstance(e, TimeoutError) for e in failed.values()):
+                names = ", ".join(self.relays)
                 return CoreRead(
-                    "profile", lv.text, trust=meta.trust, role=lv.version.role,
-                    ended=ended(meta, self.now()),
-                )  # fmt: skip
-            if read.report.failed:
-                failed = "; ".join(f"{u}: {r}" for u, r in read.report.failed.items())
-                return CoreRead("unknown", reason=f"not every relay answered ({failed})")
-            if read.candidates == 0 or lv.state in ("denied", "forgotten"):
-                return CoreRead("absent", reason=lv.state)
-            return CoreRead(
-                "unknown", reason=f"all {read.candidates} core candidate(s) failed validation"
-            )
+                    "unknown", reason=f"no answer from {names} within {self.timeout:g} s"
+                )
+            return CoreRead("unknown", reason=str(exc))
         except Exception as exc:  # any failure to read is "unknown", never "absent"
             return CoreRead("unknown", reason=f"{type(exc).__name__}: {exc}")
-        finally:
-            await session.close()
+        lv = read.live(CORE_SLUG)
+        if lv.live and lv.version is not None:
+            meta = lv.version.meta
+            return CoreRead(
+                "profile", lv.text, trust=meta.trust, role=lv.version.role,
+                ended=ended(meta, self.now()),
+            )  # fmt: skip
+        if read.report.failed:
+            failed_on = "; ".join(f"{u}: {r}" for u, r in read.report.failed.items())
+            return CoreRead("unknown", reason=f"not every relay answered ({failed_on})")
+        if read.candidates == 0 or lv.state in ("denied", "forgotten"):
+            return CoreRead("absent", reason=lv.state)
+        return CoreRead(
+            "unknown", reason=f"all {read.candidates} core candidate(s) failed validation"
+        )
 
     # -- writes --
 
@@ -347,21 +340,16 @@ class AgentMemory(HistoryOps, VerdictOps, AuditOps, TransferOps, RecallOps, Memo
     async def _write_value(
         self, slug: str, text: str, meta: Meta, *, force: bool, base_hash: str | None = None
     ) -> WriteResult:
-        session = await self._session()
-        try:
-            checker = HeadChecker(self.identity)
-            base = await self._read_slug(session, checker, slug, history=True)
+        async with self.slug_history(slug) as opened:
             if base_hash is not None:
-                current = base.live(slug).text or ""
+                current = opened.read.live(slug).text or ""
                 if sha256_hex(current) != base_hash:
                     raise BaseChangedError(
                         f"{slug}: base hash mismatch: the current value hashes to "
                         f"{sha256_hex(current)}"
                     )
-            self._allowed(base, slug, text, force)
-            return await self._publish(session, checker, base, slug, text, meta)
-        finally:
-            await session.close()
+            self._allowed(opened.read, slug, text, force)
+            return await self._publish(opened, text, meta)
 
     async def set(
         self,
@@ -455,16 +443,11 @@ class AgentMemory(HistoryOps, VerdictOps, AuditOps, TransferOps, RecallOps, Memo
             raise BadInputError("the owner does not remove memories: deny them (engram mem deny)")
         if slug == CORE_SLUG:
             raise BadInputError("core cannot be removed; to clear it run: engram mem set core ''")
-        session = await self._session()
-        try:
-            checker = HeadChecker(self.identity)
-            base = await self._read_slug(session, checker, slug, history=True)
-            lv = base.live(slug)
+        async with self.slug_history(slug) as opened:
+            lv = opened.read.live(slug)
             if not lv.live or lv.text is None:
-                raise self._not_found(base, slug, lv)
-            self._allowed(base, slug, None, force)
+                raise self._not_found(opened.read, slug, lv)
+            self._allowed(opened.read, slug, None, force)
             meta = Meta(reason=reason, rejected=(sha256_hex(lv.text),))
             self._sized(slug, None, meta)
-            return await self._publish(session, checker, base, slug, None, meta)
-        finally:
-            await session.close()
+            return await self._publish(opened, None, meta)

@@ -107,6 +107,51 @@ def merge_fetched(a: Fetched, b: Fetched) -> Fetched:
     )
 
 
+class SlugHistory:
+    """One slug of a memory read on a relay session that stays open for the caller's
+    writes: what `MemoryBase.slug_history` gives to `async with`. The session's
+    connections and each relay's max_limit (NIP-11, asked once) serve the read, the
+    write and its re-read; `session` exists before the connections do, so a caller that
+    must tell a timeout from a refusal (`AgentMemory.core`) can look at `session.failed`
+    after a failed entry."""
+
+    def __init__(self, memory: MemoryBase, slug: str, history: bool) -> None:
+        self.memory = memory
+        self.slug = slug
+        self.history = history
+        self.session = RelaySession(memory.relays, memory.identity.seckey, memory.timeout)
+        self.checker = HeadChecker(memory.identity)
+        self.limits: dict[str, int | None] = {}
+        self._read: MemoryRead | None = None
+
+    @property
+    def read(self) -> MemoryRead:
+        """The slug as read on entry."""
+        if self._read is None:
+            raise RuntimeError("slug_history is read inside `async with`")
+        return self._read
+
+    async def reread(self) -> MemoryRead:
+        """The slug read again on the same session, paged to the end (after a write)."""
+        memory, history = self.memory, self.history
+        return await memory._read_slug(
+            self.session, self.checker, self.slug, self.limits, history=history
+        )
+
+    async def __aenter__(self) -> SlugHistory:
+        try:
+            await self.memory._connect(self.session)
+            self.limits = await self.session.max_limits()
+            self._read = await self.reread()
+        except BaseException:
+            await self.session.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.session.close()
+
+
 class MemoryBase:
     """One agent's memory for one owner, on a relay set: the shared plumbing.
 
@@ -167,9 +212,14 @@ class MemoryBase:
 
     async def _session(self, urls: Sequence[str] | None = None) -> RelaySession:
         session = RelaySession(urls or self.relays, self.identity.seckey, self.timeout)
+        await self._connect(session)
+        return session
+
+    @staticmethod
+    async def _connect(session: RelaySession) -> None:
+        """Connect to every relay of `session`; an error naming each when none answers."""
         await session.connect()
         session.raise_if_none(session.live)
-        return session
 
     def _report(
         self,
@@ -223,26 +273,85 @@ class MemoryBase:
         out = {slug: list(vs.values()) for slug, vs in versions.items()}
         return out, merged, views, holdings
 
+    async def _fetch(
+        self,
+        session: RelaySession,
+        filters: list[dict[str, Any]],
+        limits: dict[str, int | None],
+        *,
+        urls: Sequence[str] | None = None,
+        negentropy: bool = False,
+        methods: dict[str, str] | None = None,
+        must_answer: bool = True,
+        one_slug: bool = False,
+    ) -> tuple[dict[str, Fetched], dict[str, str]]:
+        """Every event of `filters` from every live relay (or those of `urls`), paged to
+        the end past each one's max_limit through `fetch_all` (or, with `negentropy`,
+        reconciled where a relay serves NIP-77): relay -> what it returned, and relay ->
+        why that may be partial. No relay left is an error naming each, unless not
+        `must_answer`.
+
+        Partial: paging made no progress (the relay ignores `until`, more events share
+        one second than it returns per page, or paging was cut off), or, for the whole
+        memory, the relay publishes no max_limit. Without one, paging goes on until a page
+        brings nothing new, which misses events only where more of them share one second
+        than the relay returns per page: many slugs written at once can, but the events
+        of `one_slug` cannot, as each version's created_at is above the last's (NIP-AE
+        *Writing*), so such a read is not flagged for the missing max_limit alone."""
+        methods = {} if methods is None else methods
+        fetched: dict[str, Fetched] = {}
+        for query in filters:
+            if negentropy:
+                got = await reconciled(
+                    session, self.identity.seckey, query, limits, methods, self.timeout
+                )
+            else:
+                got = await session.on_each(
+                    lambda c, q=query: fetch_all(c, q, limits.get(c.url)), urls
+                )
+            for url, f in got.items():
+                fetched[url] = merge_fetched(fetched[url], f) if url in fetched else f
+        fetched = {u: f for u, f in fetched.items() if u in session.live}
+        if must_answer:
+            session.raise_if_none(fetched)
+        incomplete: dict[str, str] = {}
+        for url, f in fetched.items():
+            if methods.get(url) == "negentropy":
+                continue  # the reconciliation is exact
+            why = f.why_incomplete(one_slug or limits.get(url) is not None)
+            if why is not None and limits.get(url) is None and f.complete:
+                note = getattr(session, "nip11_notes", {}).get(url, "no max_limit known")
+                why = f"{note}; paged until nothing new came back (may be partial)"
+            if why is not None:
+                incomplete[url] = why
+        return fetched, incomplete
+
     async def _read_slug(
-        self, session: RelaySession, checker: HeadChecker, slug: str, *, history: bool = False
+        self,
+        session: RelaySession,
+        checker: HeadChecker,
+        slug: str,
+        limits: dict[str, int | None],
+        *,
+        history: bool = False,
     ) -> MemoryRead:
-        """One slug from every relay: its head and the owner's verdicts (`history`: every
-        head, revision and verdict too)."""
+        """One slug from every relay, paged to the end: its head and the owner's verdicts
+        (`history`: every head, revision and verdict too). A relay that could not be
+        paged to the end is named in the report's `incomplete`."""
         d = d_tag(self.identity.conversation_key, slug)
         filters = self._filters(d, history=history)
-        answers = await session.on_each(lambda c: c.query(filters))
-        session.raise_if_none(answers)
+        fetched, incomplete = await self._fetch(session, filters, limits, one_slug=True)
         mine = {
-            url: [e for e in events if any(t[:2] == ["d", d] for t in e.tags)]
-            for url, events in answers.items()
+            url: [e for e in f.events.values() if any(t[:2] == ["d", d] for t in e.tags)]
+            for url, f in fetched.items()
         }
         candidates = len({msgspec.json.encode(e) for events in mine.values() for e in events})
         versions, merged, views, holdings = self._collect(checker, mine, history)
         versions = {s: v for s, v in versions.items() if s == slug}
         merged = {s: h for s, h in merged.items() if s == slug}
         views = {u: {s: h for s, h in v.items() if s == slug} for u, v in views.items()}
-        report = self._report(session, checker, answers, behind(views, merged))
-        return MemoryRead(versions, merged, candidates, report, holdings)
+        report = self._report(session, checker, fetched, behind(views, merged), incomplete)
+        return MemoryRead(versions, merged, candidates, report, holdings, fetched)
 
     async def _read_all(
         self,
@@ -256,31 +365,12 @@ class MemoryBase:
         `negentropy`, reconciled where a relay serves NIP-77)."""
         limits = await session.max_limits()
         methods: dict[str, str] = {}
-        fetched: dict[str, Fetched] = {}
-        for query in self._filters(history=history or negentropy):
-            if negentropy:
-                got = await reconciled(
-                    session, self.identity.seckey, query, limits, methods, self.timeout
-                )
-            else:
-                got = await session.on_each(lambda c, q=query: fetch_all(c, q, limits.get(c.url)))
-            session.raise_if_none(got)
-            for url, f in got.items():
-                fetched[url] = merge_fetched(fetched[url], f) if url in fetched else f
-        fetched = {u: f for u, f in fetched.items() if u in session.live}
-        session.raise_if_none(fetched)
+        filters = self._filters(history=history or negentropy)
+        fetched, incomplete = await self._fetch(
+            session, filters, limits, negentropy=negentropy, methods=methods
+        )
         events = {url: f.events.values() for url, f in fetched.items()}
         versions, merged, views, holdings = self._collect(checker, events, history or negentropy)
-        incomplete: dict[str, str] = {}
-        for url, f in fetched.items():
-            if methods.get(url) == "negentropy":
-                continue  # the reconciliation is exact
-            why = f.why_incomplete(limits.get(url) is not None)
-            if why is not None and limits.get(url) is None and f.complete:
-                note = getattr(session, "nip11_notes", {}).get(url, "no max_limit known")
-                why = f"{note}; paged until nothing new came back (may be partial)"
-            if why is not None:
-                incomplete[url] = why
         report = self._report(session, checker, fetched, behind(views, merged), incomplete)
         return MemoryRead(versions, merged, len(merged), report, holdings, fetched, methods)
 
@@ -291,12 +381,18 @@ class MemoryBase:
         finally:
             await session.close()
 
+    def slug_history(self, slug: str, *, history: bool = True) -> SlugHistory:
+        """`async with self.slug_history(slug) as opened:` a relay session open on the set,
+        `slug` read on it (every head, revision and verdict; `history=False`: the head and
+        the verdicts), paged to the end on every relay; closed on the way out. Every read
+        of one slug and every write goes through it: a write decides on `opened.read`
+        and publishes with `self._publish(opened, …)`."""
+        return SlugHistory(self, slug, history)
+
     async def _slug_read(self, slug: str, *, history: bool = False) -> MemoryRead:
-        session = await self._session()
-        try:
-            return await self._read_slug(session, HeadChecker(self.identity), slug, history=history)
-        finally:
-            await session.close()
+        """`slug` as read (see `slug_history`), for a caller that writes nothing."""
+        async with self.slug_history(slug, history=history) as opened:
+            return opened.read
 
     @staticmethod
     def _not_found(read: MemoryRead, slug: str, live: Live) -> NotFoundError:
@@ -320,20 +416,14 @@ class MemoryBase:
             )
 
     async def _publish(
-        self,
-        session: RelaySession,
-        checker: HeadChecker,
-        base: MemoryRead,
-        slug: str,
-        text: str | None,
-        meta: Meta,
-        *,
-        link: bool = True,
+        self, opened: SlugHistory, text: str | None, meta: Meta, *, link: bool = True
     ) -> WriteResult:
-        """Publish a new version of `slug` on every relay, then re-read the slug on every
-        relay that accepted: it must read as this version (spec *Writing*: a lost race
-        is a conflict, never a silent retry). `link`: name the chain's tip as `prev` (a
-        forget starts a new history and does not)."""
+        """Publish a new version of the slug `opened` holds on every relay, then re-read
+        it on every relay that accepted: it must read as this version (spec *Writing*: a
+        lost race is a conflict, never a silent retry). `link`: name the chain's tip as
+        `prev` (a forget starts a new history and does not). A relay whose history could
+        not be read to the end is named in the result's report (`incomplete`)."""
+        session, checker, base, slug = opened.session, opened.checker, opened.read, opened.slug
         versions = base.versions.get(slug, [])
         try:
             created_at = next_created_at(versions, self.now(), FUTURE_SKEW_MAX + 1)
@@ -359,7 +449,7 @@ class MemoryBase:
         except EngramError as exc:
             raise BadInputError(str(exc)) from exc
         accepted, refused = await self._send(session, slug, events)
-        good = await self._verify(session, checker, slug, version.id, accepted, refused)
+        good = await self._verify(opened, version.id, accepted, refused)
         if self._recall is not None:  # the index takes the write at once
             self._recall.written(Version(version, slug, text, role, meta), events[-1].id)
         return WriteResult(
@@ -369,7 +459,7 @@ class MemoryBase:
             sha256_hex(text) if text is not None else None,
             good,
             {u: r for u, r in refused.items() if u not in good},
-            self._report(session, checker, good),
+            self._report(session, checker, good, incomplete=base.report.incomplete),
             role=role,
             trust=meta.trust,
             head_id=events[1].id if len(events) > 1 else None,
@@ -430,24 +520,23 @@ class MemoryBase:
         return ConflictError(f"{slug}: another write replaced this one (concurrent write)")
 
     async def _verify(
-        self,
-        session: RelaySession,
-        checker: HeadChecker,
-        slug: str,
-        version_id: str,
-        accepted: list[str],
-        refused: dict[str, str],
+        self, opened: SlugHistory, version_id: str, accepted: list[str], refused: dict[str, str]
     ) -> tuple[str, ...]:
-        """Re-read `slug` on each relay that accepted: it must read as the new version."""
+        """Re-read the slug on each relay that accepted, paged to the end (an owner's
+        verdicts are many): it must read as the new version."""
+        session, slug = opened.session, opened.slug
         filters = self._filters(d_tag(self.identity.conversation_key, slug))
-        reread = await session.on_each(lambda c: c.query(filters), urls=accepted)
+        reread, _ = await self._fetch(
+            session, filters, opened.limits, urls=accepted, must_answer=False, one_slug=True
+        )
         lost: list[str] = []
         for url in accepted:
             if url not in reread:
                 if url in session.failed:
                     refused[url] = f"accepted, but the re-read failed: {session.reasons()[url]}"
                 continue
-            versions, *_ = self._collect(checker, {url: reread[url]}, False)
+            events = {url: reread[url].events.values()}
+            versions, *_ = self._collect(opened.checker, events, False)
             view = live_view(slug, versions.get(slug, []))
             if view.version is None or view.version.id != version_id:
                 lost.append(url)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 
 from cli.memory.base import MemoryBase, MemoryRead
-from cli.memory.heads import HeadChecker
 from cli.memory.results import Diff, Log, VersionInfo, WriteResult
 from cli.nostr.errors import BadInputError, NotFoundError
 from engram import EngramError
@@ -142,10 +141,8 @@ class HistoryOps(MemoryBase):
         """A new version with version `rev`'s value and validity (the past is never
         rewritten). The same refusals as `set`; held by the owner, a correction."""
         slug = self.slug(slug)
-        session = await self._session()
-        try:
-            checker = HeadChecker(self.identity)
-            base = await self._read_slug(session, checker, slug, history=True)
+        async with self.slug_history(slug) as opened:
+            base = opened.read
             old = self._version(base, slug, rev)
             lv = classify(slug, old, base.versions.get(slug, []))
             if old.text is None:
@@ -162,6 +159,4 @@ class HistoryOps(MemoryBase):
                 valid_until=old.meta.valid_until,
             )
             self._allowed(base, slug, old.text, force)
-            return await self._publish(session, checker, base, slug, old.text, meta)
-        finally:
-            await session.close()
+            return await self._publish(opened, old.text, meta)

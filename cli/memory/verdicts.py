@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 
 from cli.memory.base import MemoryBase, MemoryRead
-from cli.memory.heads import HeadChecker
 from cli.memory.results import ForgetReport, WriteResult, sha256_hex
 from cli.nostr.errors import BadInputError, BaseChangedError, NotFoundError
 from cli.nostr.relayset import RelaySession
@@ -48,13 +47,10 @@ class VerdictOps(MemoryBase):
         base_hash: str | None,
     ) -> WriteResult:
         slug = self.slug(slug)
-        session = await self._session()
-        try:
-            checker = HeadChecker(self.identity)
-            base = await self._read_slug(session, checker, slug, history=True)
-            lv = base.live(slug)
+        async with self.slug_history(slug) as opened:
+            lv = opened.read.live(slug)
             if not lv.live or lv.version is None or lv.text is None:
-                raise self._not_found(base, slug, lv)
+                raise self._not_found(opened.read, slug, lv)
             if base_hash is not None and sha256_hex(lv.text) != base_hash.lower():
                 raise BaseChangedError(
                     f"{slug}: the value changed since it was read (now version "
@@ -72,9 +68,7 @@ class VerdictOps(MemoryBase):
             else:
                 text = None
                 meta = Meta(trust=DENIED, reason=reason, rejected=(sha256_hex(lv.text),))
-            return await self._publish(session, checker, base, slug, text, meta)
-        finally:
-            await session.close()
+            return await self._publish(opened, text, meta)
 
     async def confirm(
         self, slug: str, *, source: str | None = None, base_hash: str | None = None
@@ -102,10 +96,8 @@ class VerdictOps(MemoryBase):
         slug = self.slug(slug)
         if slug == CORE_SLUG:
             raise BadInputError("core cannot be forgotten; write a new profile instead")
-        session = await self._session()
-        try:
-            checker = HeadChecker(self.identity)
-            base = await self._read_slug(session, checker, slug, history=True)
+        async with self.slug_history(slug) as opened:
+            base, session = opened.read, opened.session
             versions = base.versions.get(slug, [])
             if not versions:
                 raise NotFoundError(f"not found: {slug} (nothing to forget)")
@@ -114,13 +106,13 @@ class VerdictOps(MemoryBase):
                 hashes.add(sha256_hex(current))
             meta = Meta(forget=True, reason=reason, rejected=tuple(sorted(hashes)))
             mine = self._signed_by_me(base, slug)
-            written = await self._publish(session, checker, base, slug, None, meta, link=False)
+            written = await self._publish(opened, None, meta, link=False)
             deletions = await self._delete(session, mine)
-            still = await self._still_serving(session, checker, slug)
-            report = self._report(session, checker, session.live)
+            again = await opened.reread()
+            still = self._still_serving(again, slug)
+            incomplete = {**base.report.incomplete, **again.report.incomplete}
+            report = self._report(session, opened.checker, session.live, incomplete=incomplete)
             return ForgetReport(slug, written, deletions, len(mine), still, report)
-        finally:
-            await session.close()
 
     def _signed_by_me(self, read: MemoryRead, slug: str) -> list[Event]:
         kinds = {KIND_VERDICT} if self.role == OWNER else {KIND_ENGRAM, KIND_REVISION}
@@ -145,11 +137,9 @@ class VerdictOps(MemoryBase):
         await session.on_each(lambda c: c.try_publish_many(requests))
         return requests[0].id
 
-    async def _still_serving(
-        self, session: RelaySession, checker: HeadChecker, slug: str
-    ) -> dict[str, list[str]]:
-        """relay -> forgotten version (or head) ids it still serves, from a fresh read."""
-        again = await self._read_slug(session, checker, slug, history=True)
+    @staticmethod
+    def _still_serving(again: MemoryRead, slug: str) -> dict[str, list[str]]:
+        """relay -> forgotten version (or head) ids it still serves, in a fresh read."""
         out: dict[str, list[str]] = {url: [] for url in again.holdings.get(slug, {})}
         for finding in audit_slug(slug, again.holdings.get(slug, {})):
             if finding.kind == "undeleted" and finding.relay and finding.version:
