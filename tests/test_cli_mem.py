@@ -404,3 +404,24 @@ def test_missing_unreadable_or_malformed_key_file_is_bad_input(
             one_error_line(result)
             assert said in err and also.lower() in err.lower(), (args, err)
             assert keys.agent_sk.hex()[:-2].encode() not in result.stdout + result.stderr
+
+
+def test_search_refuses_a_pattern_past_the_limits_with_exit_1(
+    relay: RelayProcess, keys: Keys
+) -> None:
+    """Issue 46 item 7: `mem search --regex` refuses, before compiling, a pattern whose
+    compiled form would be enormous, naming the limit; a pattern within them still works."""
+    env = keys.agent_env(relay.url)
+    ok(engram("mem", "set", "notes/xs", "x" * 50, env=env))
+    for pattern, limit in (
+        ("((a{200}){200}){100}", "10,000 elements"),
+        ("(?:x{65535}){1000}", "10,000 elements"),
+        ("(" * 30 + "x" + ")" * 30, "20 deep"),
+        ("x" * 1_001, "at most 1,000"),
+    ):
+        refused = engram("mem", "search", pattern, "--regex", env=env)
+        assert refused.returncode == 1 and refused.stdout == b"", refused.stderr
+        assert limit in one_error_line(refused), refused.stderr
+    assert ok(engram("mem", "search", "(?:x{5}){10}", "--regex", env=env)).startswith(
+        b"mem/notes/xs"
+    )

@@ -1,5 +1,6 @@
-"""`engram mcp` end to end: the `mcp` SDK's own client against `python -m cli.commands.main mcp` as a
-real process (stdio and streamable HTTP), on a real relay process on real PostgreSQL.
+"""`engram mcp` end to end: the `mcp` SDK's own client against
+`python -m cli.commands.main mcp` as a real process (stdio and streamable HTTP), on a real
+relay process on real PostgreSQL.
 
 Every test uses a fresh agent/owner pair. Tool errors are the contract: `isError`, one line
 `CODE: message`, and `{"code", "message"}` as structured content.
@@ -463,6 +464,63 @@ async def test_a_catastrophic_regex_is_bad_input_and_the_server_keeps_serving(
         assert "regular expression" in message and "simplify" in message
         found = await server.ok("memory_search", query="a+!$", regex=True)
         assert [m["slug"] for m in found.structured_content["matches"]] == ["mem/notes/aaa"]
+
+
+HOSTILE_PATTERNS = {
+    # pattern: words of the refusal (the limit it names)
+    "((a{200}){200}){100}": "10,000 elements",  # 4 million nodes: seconds and a gigabyte
+    "(?:x{65535}){1000}": "10,000 elements",  # 65 million: more memory than the machine has
+    "(" * 30 + "x" + ")" * 30: "20 deep",
+    "x" * 1_001: "at most 1000 characters",  # the tool's argument schema says so first
+}
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident set of process `pid`, from /proc (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+async def test_a_hostile_pattern_is_refused_and_another_client_is_answered(
+    relay: RelayProcess, keys: Keys, tmp_path: Path
+) -> None:
+    """Issue 46 item 7: a pattern whose compiled form would be enormous is refused before
+    anything is compiled, naming the limit it passed, while a second client of the same
+    HTTP server is answered; the server does not grow by what compiling it would take."""
+    env = {"ENGRAM_MCP_TOKEN": TOKEN, **keys.agent_env(relay.url)}
+    # written by another process: the server's own writes would load recall's model, whose
+    # memory would blur what the server's growth below measures
+    written = engram("mem", "set", "notes/xs", "x" * 50, env=keys.agent_env(relay.url))
+    assert written.returncode == 0, written.stderr
+    async with (
+        http_process(env, log_dir=tmp_path) as (url, proc, log_path),
+        bearer_client(TOKEN) as first_http,
+        bearer_client(TOKEN) as second_http,
+        Client(
+            streamable_http_client(url, http_client=first_http), read_timeout_seconds=CALL_BOUND
+        ) as first_client,
+        Client(
+            streamable_http_client(url, http_client=second_http), read_timeout_seconds=CALL_BOUND
+        ) as second_client,
+    ):
+        hostile, other = Server(first_client, log_path), Server(second_client, log_path)
+        found = await hostile.ok("memory_search", query="x{50}", regex=True)
+        assert [m["slug"] for m in found.structured_content["matches"]] == ["mem/notes/xs"]
+        before = rss_bytes(proc.pid)
+        for pattern, limit in HOSTILE_PATTERNS.items():
+            refused, answered = await asyncio.gather(
+                hostile.error("memory_search", "bad_input", query=pattern, regex=True),
+                other.ok("memory_get", slug="notes/xs"),
+            )
+            assert limit in refused, refused
+            assert answered.content[0].text == "x" * 50  # type: ignore[union-attr]
+        grown = rss_bytes(proc.pid) - before
+        assert grown < 100 * 2**20, f"the server grew by {grown / 2**20:.0f} MiB"
+        # a pattern inside the limits still compiles and matches (the same server)
+        again = await hostile.ok("memory_search", query="(?:x{5}){10}", regex=True)
+        assert [m["slug"] for m in again.structured_content["matches"]] == ["mem/notes/xs"]
 
 
 async def test_a_write_cut_off_at_its_deadline_may_have_been_written(

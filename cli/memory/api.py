@@ -60,7 +60,7 @@ from cli.memory.results import (
     WriteResult,
     sha256_hex,
 )
-from cli.memory.search import compile_query, search_views
+from cli.memory.search import compiled, search_views
 from cli.memory.transfer import TransferOps
 from cli.memory.verdicts import VerdictOps
 from cli.nostr.errors import (
@@ -264,8 +264,10 @@ class AgentMemory(HistoryOps, VerdictOps, AuditOps, TransferOps, RecallOps, Memo
         self, query: str, *, regex: bool = False, limit: int = 20, valid_now: bool = False
     ) -> Matches:
         """Slugs and values matching `query` (case-insensitive), searched after local
-        decryption; the query never leaves this process."""
-        pattern = compile_query(query, regex)
+        decryption; the query never leaves this process. A regular expression is refused
+        past the limits of `cli.memory.search` (length, nesting, repeats written out);
+        it is compiled and matched in a worker thread, each with a deadline."""
+        pattern = await compiled(query, regex)
         if limit < 1:
             raise BadInputError("--limit must be at least 1")
         found = await self.live(valid_now=valid_now)

@@ -8,6 +8,8 @@ from typing import Annotated
 
 from pydantic import Field
 
+from cli.memory.search import DEPTH_MAX, EXPANDED_MAX, QUERY_MAX
+
 CORE_URI = "engram://core"
 CORE_PROMPT = "core_profile"
 PATCH_CAP = 1 << 20  # as `engram mem patch`: a larger diff is refused, never truncated
@@ -166,7 +168,16 @@ BaseHashArg = Annotated[
     ),
 ]
 QueryArg = Annotated[
-    str, Field(description="Text to look for (case-insensitive).", min_length=1, max_length=1000)
+    str,
+    Field(
+        description=(
+            "Text to look for (case-insensitive); with regex, a regular expression in Python "
+            f"`re` syntax, at most {DEPTH_MAX} groups and repeats deep and at most "
+            f"{EXPANDED_MAX:,} elements once its counted repeats are written out."
+        ),
+        min_length=1,
+        max_length=QUERY_MAX,
+    ),
 ]
 LimitArg = Annotated[int, Field(description="At most this many matches.", ge=1, le=1000)]
 RegexArg = Annotated[bool, Field(description="Treat the query as a regular expression.")]
