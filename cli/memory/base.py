@@ -48,6 +48,7 @@ from engram import (
 from engram.chain import Holdings
 from engram.live import Live, chain_link, check_write, live_view, next_created_at, visible
 from engram.nip01 import Event
+from engram.replace import is_superseded
 from engram.versions import AGENT, OWNER, Meta, Version, build_head, build_version
 
 if TYPE_CHECKING:  # numpy and the model load only when recall is used
@@ -480,10 +481,11 @@ class MemoryBase:
             nos = [result[e.id][1] or "no reason given" for e in events if not result[e.id][0]]
             if nos:
                 said_no[url] = nos[0]
-            elif any(
-                e.kind == KIND_ENGRAM and result[e.id][1].startswith("duplicate:") for e in events
-            ):
-                lost.append(url)  # a newer head is already there
+            elif any(e.kind == KIND_ENGRAM and is_superseded(result[e.id][1]) for e in events):
+                # a head that wins is already there (a relay that already holds this very
+                # head, as a second node of one deployment does, says "duplicate" too: that
+                # is this write arriving twice, not a lost race)
+                lost.append(url)
             else:
                 accepted.append(url)
         refused = {u: f"refused the event: {m}" for u, m in said_no.items()}
