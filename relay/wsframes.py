@@ -12,6 +12,7 @@ library's parser.
 
 from __future__ import annotations
 
+import struct
 from typing import Final
 
 try:
@@ -58,12 +59,15 @@ class FrameError(Exception):
         self.reason = reason
 
 
+_MEDIUM = struct.Struct("!BBH").pack  # a header with a 16-bit length, in one call
+
+
 def text_frame_header(size: int) -> bytes:
     """RFC 6455 header of an unmasked, final text frame carrying `size` bytes."""
     if size < 126:
         return bytes((0x81, size))
     if size < 65_536:
-        return b"\x81\x7e" + size.to_bytes(2, "big")
+        return _MEDIUM(0x81, 126, size)
     return b"\x81\x7f" + size.to_bytes(8, "big")
 
 
