@@ -657,6 +657,27 @@ async def test_no_private_key_in_anything_the_server_prints(
         assert form not in everything
 
 
+async def test_errors_name_the_slug_and_reason_never_a_value_and_the_log_nothing_decrypted(
+    relay: RelayProcess, keys: Keys, tmp_path: Path
+) -> None:
+    """Issue 46 item 10, as docs/AGENT-MEMORY.md now says: an error goes to the caller, who
+    holds the key, so a refusal names the slug and quotes the recorded reason; it never
+    quotes a value, and nothing decrypted reaches the server's log."""
+    slug, value, reason = "notes/whereabouts", "lives at 12 Elm Street", "moved away in May"
+    async with stdio_server(keys.agent_env(relay.url), log_dir=tmp_path) as server:
+        await server.ok("memory_set", slug=slug, value=value)
+        await server.ok("memory_delete", slug=slug, reason=reason)
+        refused = await server.error("memory_set", "refused", slug=slug, value=value)
+        assert f"mem/{slug}" in refused and reason in refused and value not in refused
+        gone = await server.error("memory_get", "not_found", slug=slug)
+        assert f"mem/{slug}" in gone and value not in gone
+        await server.error("memory_search", "bad_input", query="((a{200}){200}){100}", regex=True)
+        assert await server.core_resource() != ""  # no core: the nudge
+        log = server.log()
+    for decrypted in (slug, value, reason):
+        assert decrypted not in log, log
+
+
 def test_http_address_forms() -> None:
     assert parse_http("8765") == ("127.0.0.1", 8765)
     assert parse_http("0.0.0.0:80") == ("0.0.0.0", 80)

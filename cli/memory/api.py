@@ -297,7 +297,9 @@ class AgentMemory(HistoryOps, VerdictOps, AuditOps, TransferOps, RecallOps, Memo
                 )
             return CoreRead("unknown", reason=str(exc))
         except Exception as exc:  # any failure to read is "unknown", never "absent"
-            return CoreRead("unknown", reason=f"{type(exc).__name__}: {exc}")
+            # by its type only: the reason is logged, and an unexpected error's text is
+            # not known to be free of decrypted content
+            return CoreRead("unknown", reason=f"unexpected error: {type(exc).__name__}")
         lv = read.live(CORE_SLUG)
         if lv.live and lv.version is not None:
             meta = lv.version.meta
