@@ -4,22 +4,26 @@ A REQ, in order (`Reads.request`): its filters parsed strictly (relay.filters) a
 authorized (`readable_filters`: the private read gate, relay.policy.check_read, before
 anything looks at them, search included; NIP-50 kept to the searchable kinds); the
 subscription caps (`subscriptions_full`: the connection's, its address's, the live
-search budgets) checked and the subscription registered, pending, with no await between;
-one of the connection's and the address's read slots held (relay.readgate) for the
-store's read (relay.store.EventReads.query); the stored events sent as they were stored,
-then EOSE, and the subscription goes live (relay.fanout). A COUNT (NIP-45, `count`)
-takes the same parsing, gate and slots and answers one number.
+search budgets) checked and the subscription registered, pending, with no await between,
+as the frame is read (a CLOSE right behind it finds it); the stored events from the
+store's memory when it holds them (relay.store.EventReads.cached: answered in line, no
+task, no slot), else from its read (EventReads.query) on one of the connection's and the
+address's read slots (relay.readgate), in a task; sent as they were stored, then EOSE,
+and the subscription goes live (relay.fanout). A COUNT (NIP-45, `count`) takes the same
+parsing, gate and slots and answers one number.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Coroutine
+from typing import Any
 
 import msgspec
 
 from relay import metrics, policy, wire
 from relay.config import Limits, Settings
-from relay.fanout import FanOut
+from relay.fanout import FanOut, Subscription
 from relay.filters import Filter, FilterError, parse_filter, restrict_search, value_count
 from relay.ratelimit import ConnectionAllowance, RateLimiter
 from relay.readgate import ReadGate
@@ -47,26 +51,47 @@ class Reads:
         kinds = settings.search_kinds
         self.search_kinds = None if kinds is None else frozenset(kinds)
 
-    async def request(
+    def request(
         self, session: Session, tenant: Tenant, sub_id: str, raws: list[msgspec.Raw]
-    ) -> None:
-        """Stored events newest first, EOSE, then live events until CLOSE."""
+    ) -> Coroutine[Any, Any, None] | None:
+        """Stored events newest first, EOSE, then live events until CLOSE.
+
+        Answered here and now when the store holds the answer in memory
+        (EventReads.cached: no task, no read slot, no await); otherwise the returned
+        coroutine reads the store (the transport runs it as a task), as it does when the
+        connection's queue is full."""
         started = metrics.start()
         lim = tenant.limits
         filters = self.readable_filters(session, tenant, sub_id, raws)
         if isinstance(filters, bytes):
             session.send(filters)
-            return
+            return None
         fanout = self.fanouts[tenant.key]
         why = self.subscriptions_full(session, fanout, sub_id, filters)
         if why:
             session.send(wire.closed(sub_id, why))
-            return
+            return None
         for f in filters:
             policy.clamp_limit(f, lim)
         # no await since the checks above: counted and registered at once, so REQs sent
         # together (from many connections of one address) cannot all pass a cap
         sub = fanout.subscribe(session, sub_id, filters, pending=True)
+        rows = self.store.cached(filters, tenant.key, session.authed, tenant.private_kinds)
+        if rows is None:
+            return self._read(session, tenant, sub_id, filters, sub, started)
+        return self._answer(session, tenant, sub_id, sub, rows, started)
+
+    async def _read(
+        self,
+        session: Session,
+        tenant: Tenant,
+        sub_id: str,
+        filters: list[Filter],
+        sub: Subscription,
+        started: float,
+    ) -> None:
+        """The stored part of a REQ from the store, on one of the client's read slots."""
+        fanout = self.fanouts[tenant.key]
         try:
             async with self.gate.hold(session):
                 rows = await self.store.query(
@@ -79,19 +104,64 @@ class Reads:
             return
         if not fanout.is_current(sub):
             return  # closed or replaced while the query ran
+        rest = self._answer(session, tenant, sub_id, sub, rows, started)
+        if rest is not None:
+            await rest
+
+    def _answer(
+        self,
+        session: Session,
+        tenant: Tenant,
+        sub_id: str,
+        sub: Subscription,
+        rows: list[bytes],
+        started: float,
+    ) -> Coroutine[Any, Any, None] | None:
+        """The stored events, EOSE, and the subscription live; a coroutine for the rest
+        when the connection's queue is full."""
         # Handed over without a pause while the connection takes them; only an await
         # (a full queue) lets a CLOSE or a live overflow end the subscription meanwhile.
         frames = [wire.event_frame(sub.prefix, raw) for raw in rows]
         i = session.offer_all(frames)
+        if i < len(frames):
+            return self._answer_rest(session, tenant, sub_id, sub, rows, started, frames, i)
+        self._end_of_stored(session, tenant, sub_id, sub, rows, started)
+        return None
+
+    async def _answer_rest(
+        self,
+        session: Session,
+        tenant: Tenant,
+        sub_id: str,
+        sub: Subscription,
+        rows: list[bytes],
+        started: float,
+        frames: list[bytes],
+        i: int,
+    ) -> None:
+        fanout = self.fanouts[tenant.key]
         while i < len(frames):
             await session.send_wait(frames[i])
             if not fanout.is_current(sub):
                 return
             i = session.offer_all(frames, i + 1)
+        self._end_of_stored(session, tenant, sub_id, sub, rows, started)
+
+    def _end_of_stored(
+        self,
+        session: Session,
+        tenant: Tenant,
+        sub_id: str,
+        sub: Subscription,
+        rows: list[bytes],
+        started: float,
+    ) -> None:
         metrics.req_done(tenant.key, started)
         session.send(wire.eose(sub_id))
         # ids of what was sent only if something was published meanwhile (rarely)
-        fanout.go_live(sub, {wire.raw_id(raw) for raw in rows} if sub.pending else set())
+        self.fanouts[tenant.key].go_live(
+            sub, {wire.raw_id(raw) for raw in rows} if sub.pending else set()
+        )
 
     async def count_reply(
         self, session: Session, tenant: Tenant, sub_id: str, raws: list[msgspec.Raw]

@@ -148,6 +148,17 @@ class EventReads(Protocol):
         to that filter (NIP-01), and an event matching several is served once."""
         ...
 
+    def cached(
+        self,
+        filters: list[Filter],
+        tenant: str = DEFAULT_TENANT,
+        viewer: str | None = None,
+        private: frozenset[int] = DEFAULT_PRIVATE,
+    ) -> list[bytes] | None:
+        """What `query` would answer, when the store holds it in memory now (no I/O, no
+        wait: relay.store.readcache), else None."""
+        ...
+
     async def count(
         self,
         filters: list[Filter],

@@ -25,7 +25,7 @@ from relay.filters import Filter
 from relay.store import DEFAULT_TENANT, StoreError
 from relay.store.pgbase import DB_ERRORS, PostgresBase, failure
 from relay.store.readbatch import ReadBatcher
-from relay.store.readcache import Need, Needs, ReadCache, plan
+from relay.store.readcache import Need, Needs, ReadCache, plan_all
 from relay.store.sqlcount import build_count, build_items
 from relay.store.sqlread import build_prefix, build_query
 from relay.wire import Reason, raw_author
@@ -107,7 +107,7 @@ class PostgresReader(PostgresBase):
         """Raw events matching any filter: created_at desc, id asc, each filter limited."""
         now = int(time.time())
         if self.read_cache_current():
-            cached = await self._cached(filters, tenant, viewer, now, private)
+            cached = await self._cached_or_filled(filters, tenant, viewer, now, private)
             if cached is not None:
                 return cached
         built = build_query(filters, tenant, viewer, now, private, *self._scan)
@@ -119,7 +119,25 @@ class PostgresReader(PostgresBase):
         merged = {r[2]: r for r in rows}  # the same event may match several filters
         return [r[0] for r in sorted(merged.values(), key=lambda r: (-r[1], r[2]))]
 
-    async def _cached(
+    def cached(
+        self,
+        filters: list[Filter],
+        tenant: str = DEFAULT_TENANT,
+        viewer: str | None = None,
+        private: frozenset[int] = DEFAULT_PRIVATE,
+    ) -> list[bytes] | None:
+        """`query`'s answer from the cache as it is now (no fill, no I/O), or None."""
+        cache = self.read_cache
+        if cache is None or not self.read_cache_current():
+            return None
+        plans = plan_all(filters)
+        if plans is None:
+            return None
+        v = bytes.fromhex(viewer) if viewer is not None and is_hex(viewer, 64) else None
+        got = cache.answer(plans, filters, tenant, v, int(time.time()), time.monotonic(), private)
+        return None if isinstance(got, Needs) else got
+
+    async def _cached_or_filled(
         self,
         filters: list[Filter],
         tenant: str,
@@ -127,15 +145,12 @@ class PostgresReader(PostgresBase):
         now: int,
         private: frozenset[int],
     ) -> list[bytes] | None:
-        """The answer from the cache (filling the prefixes it lacks), or None."""
+        """The answer from the cache, filling the prefixes it lacks first; or None."""
         cache = self.read_cache
         assert cache is not None
-        plans = []
-        for f in filters:
-            p = plan(f)
-            if p is None:
-                return None
-            plans.append(p)
+        plans = plan_all(filters)
+        if plans is None:
+            return None
         v = bytes.fromhex(viewer) if viewer is not None and is_hex(viewer, 64) else None
         got = cache.answer(plans, filters, tenant, v, now, time.monotonic(), private)
         if isinstance(got, Needs):

@@ -122,6 +122,17 @@ def plan(f: Filter) -> Plan | None:
     return Plan(authors, None if kinds is None else tuple(sorted(kinds)), f.limit)
 
 
+def plan_all(filters: list[Filter]) -> list[Plan] | None:
+    """Each filter's plan, or None if one of them cannot be answered here."""
+    plans = []
+    for f in filters:
+        p = plan(f)
+        if p is None:
+            return None
+        plans.append(p)
+    return plans
+
+
 def _newest_first(row: Row) -> tuple[int, bytes]:
     """The store's order: created_at DESC, then the id's bytes."""
     return -row[1], row[2]

@@ -87,6 +87,16 @@ class StoreRouter(ByEnqueue):
     ) -> list[bytes]:
         return await self._reader(tenant).query(filters, tenant, viewer, private=private)
 
+    def cached(
+        self,
+        filters: list[Filter],
+        tenant: str = DEFAULT_TENANT,
+        viewer: str | None = None,
+        private: frozenset[int] = DEFAULT_PRIVATE,
+    ) -> list[bytes] | None:
+        store = self.store_for(tenant)
+        return None if store is None else store.cached(filters, tenant, viewer, private)
+
     async def count(
         self,
         filters: list[Filter],
