@@ -9,15 +9,19 @@ import stat
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from cli.memory.api import Log, SetReport, VersionInfo, sha256_hex
-from cli.memory.review.diffs import diff_lines, normalize_newlines
-from cli.memory.review.graph import BOX_W, COL_GAP, layout
+from cli.memory.review import diffs
+from cli.memory.review.diffs import DiffLine, diff_lines, normalize_newlines
+from cli.memory.review.graph import BOX_W, COL_GAP, MAX_EDGES, MAX_NODES, layout
 from cli.memory.review.guard import LAUNCH_KEEP, LAUNCH_TTL, Csrf, Guard
 from cli.memory.review.listing import ListQuery, select
+from cli.memory.review.pages import Paged, number
 from cli.memory.review.snapshot import Row, Snapshot
-from cli.memory.review.timeline import build, compare
+from cli.memory.review.timeline import DIFF_CHARS, EXCERPT_CHARS, PAGE, build, compare, full_value
 from cli.memory.review.visits import Mark, changes, load, mark_path, save
-from engram import CORE_SLUG, extract_refs
+from engram import CORE_SLUG
 
 
 def row(
@@ -31,10 +35,7 @@ def snapshot(values: dict[str, str | None]) -> Snapshot:
     live = {s: row(s, v) for s, v in values.items() if v is not None and s != CORE_SLUG}
     removed = {s: row(s, None) for s, v in values.items() if v is None}
     core = row(CORE_SLUG, values[CORE_SLUG]) if values.get(CORE_SLUG) else None
-    edges = {s: extract_refs(r.value or "") for s, r in live.items()}
-    if core is not None:
-        edges = {CORE_SLUG: extract_refs(core.value or ""), **edges}
-    return Snapshot(live, core, removed, SetReport(), edges)
+    return Snapshot(live, core, removed, SetReport())
 
 
 def test_line_endings_become_lf_and_nothing_else_changes() -> None:
@@ -237,7 +238,7 @@ def test_timeline_diffs_each_version_and_never_a_withheld_value() -> None:
     ]
     values = {"4" * 64: texts["4"], "1" * 64: texts["1"]}  # as Log.values: never the withheld
     log = Log("mem/bob", versions, SetReport(), values)
-    items = build(log, live_sha256=sha256_hex(texts["4"]), owner=True)
+    items = build(log, live_sha256=sha256_hex(texts["4"]), owner=True).items
     assert [i.what for i in items] == [
         "restored by the owner (an earlier version's value)",
         "denied by the owner",
@@ -253,10 +254,118 @@ def test_timeline_diffs_each_version_and_never_a_withheld_value() -> None:
     assert withheld.text is None and withheld.withheld
     # restorable: not the value live now; the withheld one by the owner only
     assert [i.restorable for i in items] == [False, False, True, False]
-    agent = build(log, live_sha256=None, owner=False)
+    agent = build(log, live_sha256=None, owner=False).items
     assert [i.restorable for i in agent] == [True, False, False, True]
     both = compare(log, "1" * 64, "4" * 64)
     assert both is not None and both.diff == [] and both.note == "the same value"
     hidden = compare(log, "2" * 64, "4" * 64)
     assert hidden is not None and hidden.diff is None
     assert compare(log, "9" * 64, "4" * 64) is None
+
+
+def applied(old: str, lines: list[DiffLine]) -> str:
+    """`old` with the hunks of `lines` applied: the new value, if the diff is right."""
+    a = old.splitlines(keepends=True)
+    out: list[str] = []
+    pos = i = 0
+    while i < len(lines):
+        hunk = diffs.HUNK.fullmatch(lines[i].text)
+        assert lines[i].kind == "hunk" and hunk, lines[i]
+        start = int(hunk[1]) - 1 if hunk[2] is None or int(hunk[2]) > 0 else int(hunk[1])
+        out += a[pos:start]
+        pos, i = start, i + 1
+        while i < len(lines) and lines[i].kind != "hunk":
+            line = lines[i]
+            newline = "" if i + 1 < len(lines) and lines[i + 1].kind == "note" else "\n"
+            if line.kind == "same":
+                out.append(a[pos])
+                pos += 1
+            elif line.kind == "del":
+                pos += 1
+            elif line.kind == "add":
+                out.append(line.text + newline)
+            i += 1
+    return "".join(out + a[pos:])
+
+
+def test_diffs_are_right_on_both_paths_and_bounded() -> None:
+    import random
+
+    rng = random.Random(46)
+    for _ in range(400):
+        words = [f"w{j}" for j in range(rng.choice([2, 5, 20]))]
+
+        def text(n: int, words: list[str] = words) -> str:
+            body = "\n".join(rng.choice(words) for _ in range(n))
+            return body + ("\n" if rng.random() < 0.5 else "")
+
+        old, new = text(rng.randint(0, 30)), text(rng.randint(0, 30))
+        if old == new:
+            continue
+        assert applied(old, diff_lines(old, new)) == new  # matched line by line
+        cut = diffs.MATCH_LINES
+        try:
+            diffs.MATCH_LINES = 3  # the middle shown as replaced
+            assert applied(old, diff_lines(old, new)) == new
+        finally:
+            diffs.MATCH_LINES = cut
+    # 50 KB of short lines, all different: bounded by the budget, the rest counted
+    many = "\n".join(f"{i:x}" for i in range(9000))
+    other = "\n".join(f"{i:x}." for i in range(9000))
+    got = diff_lines(many, other, budget=4000)
+    assert sum(len(d.text) + 1 for d in got[:-1]) <= 4000 and got[-1].kind == "more"
+    shown = sum(d.kind in ("add", "del", "same") for d in got)
+    assert got[-1].text == f"… {18000 - shown:,} more lines not shown here"
+    # one long line: cut, both sides shown
+    long = diff_lines("x" * 50_000, "y" * 50_000, budget=4000)
+    assert [d.kind for d in long] == ["hunk", "del", "note", "add", "note"]
+    assert all(len(d.text) < 1100 for d in long) and "49,000 more characters" in long[1].text
+    assert diff_lines("x" * 50_000, "y" * 50_000)[1].text == "x" * 50_000  # no budget: all
+
+
+def test_pages_clamp_and_count() -> None:
+    assert [number(n) for n in (None, "", "0", "-1", "2", "x", "9" * 7)] == [1, 1, 1, 1, 2, 1, 1]
+    rows = list(range(45))
+    page = Paged.of(rows, 3, 20)
+    assert (page.rows, page.start, page.total, page.pages) == (rows[40:], 40, 45, 3)
+    assert Paged.of(rows, 99, 20).page == 3 and Paged.of([], 5, 20).rows == []
+
+
+def test_timeline_is_drawn_a_page_at_a_time_with_values_folded() -> None:
+    """45 versions of long values: a page holds PAGE of them, each value's start and a
+    bounded difference; the whole value of one version on demand; never a withheld one."""
+
+    def numbered(i: int, state: str, text: str) -> VersionInfo:
+        v = version("1", state, text=text)
+        return msgspec.structs.replace(v, id=f"{i:064x}", created_at=i)
+
+    texts = {i: "\n".join(f"line {j} of {i}" for j in range(4000)) for i in range(1, 46)}
+    versions = [numbered(i, "withheld" if i == 42 else "value", texts[i]) for i in range(45, 0, -1)]
+    values = {v.id: texts[v.created_at] for v in versions if v.state == "value"}
+    log = Log("mem/long", versions, SetReport(), values)
+    first = build(log, live_sha256=None, owner=True)
+    assert len(first.items) == PAGE and first.paged.total == 45 and first.paged.pages == 3
+    for item in first.items:
+        assert item.text is None or (len(item.text) <= EXCERPT_CHARS and item.folded)
+        assert item.diff is None or sum(len(d.text) for d in item.diff) <= DIFF_CHARS + 100
+    last = build(log, live_sha256=None, owner=True, page=3)
+    assert [i.version.id for i in last.items] == [v.id for v in versions[40:]]
+    assert last.items[-1].why_no_diff == "the first version recorded"
+    assert build(log, live_sha256=None, owner=True, page=7).paged.page == 3
+    whole = full_value(log, versions[0].id)
+    assert whole is not None and whole[1] == texts[45]
+    assert versions[3].state == "withheld" and full_value(log, versions[3].id) is None
+    assert first.items[3].text is None  # never shown, not even its start
+    assert full_value(log, "f" * 64) is None
+
+
+def test_core_graph_of_many_interlinked_memories_is_drawn_in_part() -> None:
+    """400 memories each linking to every other: at most MAX_NODES boxes and MAX_EDGES
+    links drawn, every link counted."""
+    slugs = [f"mem/m{i}" for i in range(400)]
+    values: dict[str, str | None] = {s: " ".join(f"[[{t}]]" for t in slugs) for s in slugs}
+    values[CORE_SLUG] = "[[mem/m0]]"
+    pic = layout(snapshot(values))
+    assert pic.shown == len(pic.nodes) == MAX_NODES < pic.total == 401
+    assert len(pic.edges) == pic.links_shown == MAX_EDGES
+    assert pic.links_total == 400 * 400 + 1

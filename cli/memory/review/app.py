@@ -39,7 +39,9 @@ from cli.memory.review.actions import Outcome
 from cli.memory.review.diffs import diff_lines, normalize_newlines
 from cli.memory.review.graph import layout
 from cli.memory.review.guard import Csrf, FormError, read_form
+from cli.memory.review.pages import Paged, number
 from cli.memory.review.snapshot import Row, Snapshot, row_of, take
+from cli.memory.review.timeline import COMPARE_CHARS
 from cli.nostr.errors import AgentMemoryError, BadInputError, NotFoundError
 from engram import extract_refs
 from engram.live import ended
@@ -48,6 +50,11 @@ from engram.versions import Meta
 
 SEARCH_LIMIT = 50
 PREVIEW_CHARS = 120  # the start of a value in the list
+VALUE_CHARS = 16_000  # of the value shown atop a memory's page (the edit box holds it all)
+LINKS_SHOWN = 100  # a memory's [[links]] listed on its page
+FINDINGS_SHOWN = 50  # audit findings listed on a memory's page
+PAGE_ROWS = 100  # rows of the list and of the changes a page shows
+LISTED = 200  # orphans and dangling links named under the core graph
 FLASH_KEEP = 64  # outcomes waiting for their page after a redirect (a bound, not a cache)
 ASSETS = {"review.css": "text/css; charset=utf-8", "icon.svg": "image/svg+xml"}
 STATE_WORDS = {
@@ -246,6 +253,7 @@ class Review:
                 search_error, found = str(exc), []
         now = int(time.time())
         rows = listing.select(snap, query, now, found)
+        shown = Paged.of(rows, number(request.query_params.get("page")), PAGE_ROWS)
         return self.render(
             request,
             "list.html",
@@ -254,7 +262,8 @@ class Review:
             snap=snap,
             report=snap.report,
             partial=not snap.complete,
-            rows=rows,
+            rows=shown.rows,
+            paged=shown,
             total=len(snap.live) + (snap.core is not None),
             query=query,
             searched=searched,
@@ -292,12 +301,21 @@ class Review:
         readback = None
         if outcome is not None and outcome.ok and outcome.event_id:
             readback = now_row is not None and now_row.event_id == outcome.event_id
-        items = timeline.build(log, live_sha256=live_sha, owner=self.abilities.owner) if log else []
-        compared = None
-        if log is not None and params.get("from") and params.get("to"):
-            compared = timeline.compare(log, params["from"], params["to"])
+        history = None
+        compared = whole = None
+        if log is not None:
+            page = number(params.get("page"))
+            history = timeline.build(
+                log, live_sha256=live_sha, owner=self.abilities.owner, page=page
+            )
+            if params.get("from") and params.get("to"):
+                compared = timeline.compare(log, params["from"], params["to"])
+            if params.get("value"):
+                whole = timeline.full_value(log, params["value"])
         found = now_row is not None or log is not None
         meta = Meta(valid_from=row.valid_from, valid_until=row.valid_until) if row else None
+        refs = extract_refs(row.value or "") if row is not None else []
+        findings = seen.audit.findings
         return self.render(
             request,
             "memory.html",
@@ -309,19 +327,25 @@ class Review:
             now_row=now_row,
             sha=live_sha,
             ended=meta is not None and ended(meta, int(time.time())),
-            refs=extract_refs(row.value or "") if row is not None else [],
+            refs=refs[:LINKS_SHOWN],
+            refs_more=max(0, len(refs) - LINKS_SHOWN),
             outcome=outcome,
             readback=readback,
-            items=items,
+            history=history,
+            items=history.items if history is not None else [],
             compared=compared,
+            whole=whole,
             picked=(params.get("from", ""), params.get("to", "")),
             audited=seen.audit,
+            findings=findings[:FINDINGS_SHOWN],
+            findings_more=max(0, len(findings) - FINDINGS_SHOWN),
+            top_chars=VALUE_CHARS,
             report=seen.report,
         )
 
     async def core_page(self, request: Request) -> Response:
         snap = await self.snapshot()
-        reachable, orphans, dangling = snap.graph()
+        reachable, orphans, dangling = snap.graph
         return self.render(
             request,
             "core.html",
@@ -333,10 +357,13 @@ class Review:
             reachable=reachable,
             orphans=orphans,
             dangling=dangling,
+            listed=LISTED,
+            top_chars=VALUE_CHARS,
         )
 
     async def changes_page(self, request: Request) -> Response:
         snap = await self.snapshot()
+        found = visits.changes(snap, self.baseline)
         return self.render(
             request,
             "changes.html",
@@ -345,7 +372,8 @@ class Review:
             report=snap.report,
             partial=not snap.complete,
             baseline=self.baseline,
-            changes=visits.changes(snap, self.baseline),
+            changes=found,
+            paged=Paged.of(found.items, number(request.query_params.get("page")), PAGE_ROWS),
         )
 
     async def mark_seen(self, request: Request) -> Response:
@@ -381,7 +409,7 @@ class Review:
             current=current,
             typed=typed,
             moved=form.get("base", "") != current.sha256,
-            diff=diff_lines(current.value, typed),
+            diff=diff_lines(current.value, typed, budget=COMPARE_CHARS),
             outcome=None,
         )
 
@@ -413,7 +441,7 @@ class Review:
             current=current,
             typed=typed,
             moved=False,
-            diff=diff_lines(current.value, typed) if current is not None else [],
+            diff=diff_lines(current.value, typed, budget=COMPARE_CHARS) if current else [],
             outcome=outcome,
         )
 
@@ -492,7 +520,7 @@ class Review:
             version = picked[0]
             text = timeline.text_of(log, version)
             if text is not None:
-                diff = diff_lines(entry.value or "" if entry else "", text)
+                diff = diff_lines(entry.value or "" if entry else "", text, budget=COMPARE_CHARS)
         else:
             try:
                 entry = await self.memory.get(slug)

@@ -4,6 +4,11 @@ Laid out here (positions only; the template draws the SVG, escaping every label)
 in the first column, each reachable memory in the column of its distance from core,
 then a column of orphans and one of dangling targets. Which memory is reachable, orphan
 or dangling is `engram.reachability`'s answer; this module only places the boxes.
+
+Bounded, since the agent writes as many memories and links as it likes: at most
+`MAX_NODES` boxes and `MAX_EDGES` links are drawn (the picture counts the rest, and the
+page links to the list, which has them all), and only the drawn boxes' links are
+walked.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ COL_GAP = 80
 ROW_GAP = 10
 TOP = 34  # room for the column titles
 LABEL_CHARS = 30
-MAX_NODES = 400  # a bigger memory is drawn in part, and the page says so
+MAX_NODES = 150  # a bigger memory is drawn in part, and the page says so
+MAX_EDGES = 400  # links drawn at most (each a path); the rest are counted
 LANE_GAP = 7  # between the lanes under the boxes that longer links follow
 MAX_LANES = 24  # lanes are reused past this many longer links
 
@@ -48,6 +54,8 @@ class Picture:
     titles: list[tuple[int, str]]  # (x, column title)
     shown: int
     total: int
+    links_shown: int = 0
+    links_total: int = 0  # links between live memories and to dangling targets
 
     @property
     def box_w(self) -> int:
@@ -66,7 +74,7 @@ def label(slug: str) -> str:
 
 
 def layout(snapshot: Snapshot) -> Picture:
-    reachable, orphans, dangling = snapshot.graph()
+    reachable, orphans, dangling = snapshot.graph
     depth: dict[str, int] = {CORE_SLUG: 0}
     queue = [CORE_SLUG] if snapshot.core is not None else []
     live = set(reachable)
@@ -110,21 +118,24 @@ def layout(snapshot: Snapshot) -> Picture:
     column_of = {n.slug: n.x for n in nodes}
     for source, targets_of in snapshot.edges.items():
         a = where.get(source)
-        if a is None:
+        if a is None or len(edges) >= MAX_EDGES:
             continue
         for target in targets_of:
             b = where.get(target)
             if b is None or b is a:
                 continue
+            if len(edges) >= MAX_EDGES:
+                break
             kind = "dangling" if b.kind == "dangling" else "link"
             if column_of[target] - column_of[source] == BOX_W + COL_GAP:
                 edges.append(Edge(_curve(a, b), kind))
             else:
                 edges.append(Edge(_detour(a, b, lanes, grid_bottom), kind))
                 lanes += 1
+    links = sum(len(targets) for targets in snapshot.edges.values())
     width = 20 + len(columns) * (BOX_W + COL_GAP) - COL_GAP
     height = grid_bottom + 20 + min(lanes, MAX_LANES) * LANE_GAP
-    return Picture(width, height, nodes, edges, titles, len(nodes), total)
+    return Picture(width, height, nodes, edges, titles, len(nodes), total, len(edges), links)
 
 
 def _curve(a: Node, b: Node) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from cli.memory.api import AgentMemory, AuditReport, SetReport
 from engram import CORE_SLUG, d_tag, extract_refs, reachability
@@ -50,13 +51,14 @@ class Row:
 @dataclass(frozen=True)
 class Snapshot:
     """Live memories, core, and the memories that do not read as live (removed, denied,
-    forgotten: `gone`, never with a value), with what the relay set said."""
+    forgotten: `gone`, never with a value), with what the relay set said. The links
+    (`edges`) and the reachability from core (`graph`) are worked out once, when a page
+    first asks: each is a walk over every value."""
 
     live: dict[str, Row]
     core: Row | None
     gone: dict[str, Row]
     report: SetReport
-    edges: dict[str, list[str]] = field(default_factory=dict)  # slug -> [[refs]] in order
     findings: dict[str, list[Finding]] = field(default_factory=dict)  # slug -> audit findings
 
     @property
@@ -66,6 +68,13 @@ class Snapshot:
         so, nothing is reported gone for not being read, and no visit mark is taken."""
         return not self.report.failed and not self.report.incomplete
 
+    @cached_property
+    def edges(self) -> dict[str, list[str]]:
+        """slug -> its value's `[[links]]` in order (core first), for every live memory."""
+        rows = [*([self.core] if self.core is not None else []), *self.live.values()]
+        return {r.slug: extract_refs(r.value or "") for r in rows}
+
+    @cached_property
     def graph(self) -> tuple[list[str], list[str], list[tuple[str, str]]]:
         """Reachable, orphans, dangling `(from, to)`: `engram.reachability`, the one rule."""
         values = {s: r.value for s, r in self.live.items()}
@@ -134,7 +143,4 @@ async def take(memory: AgentMemory, *, audit: bool = False) -> Snapshot:
         live = {s: audited_row(r) for s, r in live.items()}
         gone = {s: audited_row(r) for s, r in gone.items()}
         core = audited_row(core) if core is not None else None
-    edges = {s: extract_refs(r.value or "") for s, r in live.items()}
-    if core is not None:
-        edges = {CORE_SLUG: extract_refs(core.value or ""), **edges}
-    return Snapshot(live, core, gone, report, edges, dict(findings))
+    return Snapshot(live, core, gone, report, dict(findings))

@@ -4,6 +4,11 @@ did) with the difference from the version before it, and any two versions compar
 Pure, over a `Log` (`AgentMemory.log`): the texts are `Log.values`, which never hold a
 withheld (owner-denied) or forgotten value; such a version is listed without its text,
 and no difference is drawn against it.
+
+Bounded, since the agent writes as many versions as it likes, each up to NIP-44's 64 KB:
+the timeline is drawn a page of `PAGE` versions at a time, each with at most
+`EXCERPT_CHARS` of its value (the page links to the whole value of one version) and a
+difference cut at `DIFF_CHARS`; two versions compared show up to `COMPARE_CHARS`.
 """
 
 from __future__ import annotations
@@ -12,9 +17,14 @@ from dataclasses import dataclass
 
 from cli.memory.api import Log, VersionInfo
 from cli.memory.review.diffs import DiffLine, diff_lines
+from cli.memory.review.pages import Paged
 from engram.versions import OWNER
 
 NO_VALUE = ("removed", "denied", "forgotten")  # a removal diffs as the empty text
+PAGE = 20  # versions a page of the timeline draws
+EXCERPT_CHARS = 2_000  # of each version's value on the timeline
+DIFF_CHARS = 4_000  # of each version's difference from the one before
+COMPARE_CHARS = 200_000  # of the difference between two versions picked
 
 
 @dataclass(frozen=True)
@@ -23,7 +33,8 @@ class Item:
 
     version: VersionInfo
     what: str  # what it did, in words
-    text: str | None  # its value, when one may be shown
+    text: str | None  # its value (at most EXCERPT_CHARS of it), when one may be shown
+    folded: bool  # `text` is the start of a longer value
     diff: list[DiffLine] | None  # from the version before it; None: not drawn (`why_no_diff`)
     why_no_diff: str
     restorable: bool  # a value the page may write again as the newest version
@@ -55,13 +66,26 @@ def _what(version: VersionInfo, before: VersionInfo | None) -> str:
     return "written by the agent"
 
 
-def build(log: Log, *, live_sha256: str | None, owner: bool) -> list[Item]:
-    """The timeline, newest first. `live_sha256`: the value the memory reads as now (its
-    versions are not offered for restore); `owner`: the owner may restore a value it
-    denied (that lifts the denial); the agent may not."""
+@dataclass(frozen=True)
+class Timeline:
+    """One page of the timeline: its items, and where the page is among the versions."""
+
+    items: list[Item]
+    paged: Paged[VersionInfo]
+
+
+def build(
+    log: Log, *, live_sha256: str | None, owner: bool, page: int = 1, size: int = PAGE
+) -> Timeline:
+    """Page `page` (1-based; clamped) of the timeline, newest first. `live_sha256`: the
+    value the memory reads as now (its versions are not offered for restore); `owner`:
+    the owner may restore a value it denied (that lifts the denial); the agent may not.
+    Only the page's differences are computed."""
     versions = log.versions
+    paged = Paged.of(versions, page, size)
     items = []
-    for i, v in enumerate(versions):
+    for i in range(paged.start, paged.start + len(paged.rows)):
+        v = versions[i]
         before = versions[i + 1] if i + 1 < len(versions) else None
         new = text_of(log, v)
         withheld = v.state == "withheld"
@@ -72,11 +96,21 @@ def build(log: Log, *, live_sha256: str | None, owner: bool) -> list[Item]:
             if new is None or old is None:
                 diff, why = None, "not drawn: a value the owner denied is never shown"
             else:
-                diff, why = diff_lines(old, new), ""
+                diff, why = diff_lines(old, new, budget=DIFF_CHARS), ""
         has_value = v.state == "value" or (withheld and owner)
         restorable = has_value and v.value_sha256 != live_sha256
-        items.append(Item(v, _what(v, before), new, diff, why, restorable, withheld))
-    return items
+        folded = new is not None and len(new) > EXCERPT_CHARS
+        shown = new[:EXCERPT_CHARS] if new is not None and folded else new
+        items.append(Item(v, _what(v, before), shown, folded, diff, why, restorable, withheld))
+    return Timeline(items, paged)
+
+
+def full_value(log: Log, version_id: str) -> tuple[VersionInfo, str] | None:
+    """One version and its whole value, when it has one that may be shown."""
+    for v in log.versions:
+        if v.id == version_id and v.state == "value" and v.id in log.values:
+            return v, log.values[v.id]
+    return None
 
 
 @dataclass(frozen=True)
@@ -96,4 +130,5 @@ def compare(log: Log, old_id: str, new_id: str) -> Comparison | None:
     a, b = text_of(log, old), text_of(log, new)
     if a is None or b is None:
         return Comparison(old, new, None, "a value the owner denied is never shown")
-    return Comparison(old, new, diff_lines(a, b), "" if a != b else "the same value")
+    diff = diff_lines(a, b, budget=COMPARE_CHARS)
+    return Comparison(old, new, diff, "" if a != b else "the same value")
