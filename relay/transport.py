@@ -33,9 +33,9 @@ from relay.wire import Reason
 
 log = logging.getLogger("engram.transport")
 
-DIRECT = "engram.direct"  # scope extension: relay.wsserver's synchronous send path
+DIRECT = "engram.direct"  # scope extension: the server can detach the connection (wsserver)
 SLOW_CONSUMER_CLOSE = 4000  # websocket close code used when a reader falls behind
-CLOSE_TIMEOUT = 2.0  # seconds to try a close handshake with a reader that is stuck
+CLOSE_TIMEOUT = 2.0  # seconds a close we start may wait for the socket (a stuck reader)
 
 
 class Connection(OutputQueue):
@@ -43,7 +43,7 @@ class Connection(OutputQueue):
     else queued (relay.sendqueue: byte caps, stall detection) and drained as it does;
     without a direct socket (the ASGI path) a writer task drains the queue."""
 
-    __slots__ = ("direct", "dropped_callback", "gone", "sending", "ws")
+    __slots__ = ("direct", "dropped_callback", "gone", "ws")
 
     def __init__(self, ws: WebSocket, budget: OutputBudget, max_bytes: int) -> None:
         super().__init__(budget, max_bytes)
@@ -51,7 +51,6 @@ class Connection(OutputQueue):
         self.direct: Any = None  # relay.wsserver.DirectSocket once detached
         self.gone: asyncio.Event | None = None  # the ASGI path: set when dropped
         self.dropped_callback: Callable[[], None] | None = None  # the direct path's
-        self.sending = False  # the ASGI writer holds a frame it has not handed over yet
 
     def send(self, frame: bytes) -> None:
         """Non-blocking: to the socket, else queued; a reader past its cap is dropped."""
@@ -108,13 +107,11 @@ class Connection(OutputQueue):
             await self.wait_frames()
             if self.dropped is not None:
                 return
-            self.sending = True  # later frames queue behind this one (order)
             await send({"type": "websocket.send", "text": self.pop().decode()})
-            self.sending = False
 
-    async def goodbye(self) -> None:
+    async def goodbye(self) -> bool:
         """The ASGI path, after a drop: a NOTICE and a close frame if the socket takes
-        them in time (a reader that stopped would never take them)."""
+        them in time (a reader that stopped would never take them); False if not."""
         notice = wire.notice(Reason.ERROR(self.notice())).decode()
 
         async def farewell() -> None:
@@ -123,6 +120,8 @@ class Connection(OutputQueue):
 
         with contextlib.suppress(Exception):
             await asyncio.wait_for(farewell(), CLOSE_TIMEOUT)
+            return True
+        return False
 
 
 def client_ip(ws: HTTPConnection, trust_forwarded_for: bool) -> str:
@@ -193,7 +192,7 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
     if socket is not None:
         Direct(relay, conn, session, socket)
         return
-    await serve_asgi(ws, relay, conn, session)
+    await serve_asgi(ws, relay, conn, session, server)
 
 
 class Direct:
@@ -285,10 +284,13 @@ class Direct:
         )
 
 
-async def serve_asgi(ws: WebSocket, relay: Relay, conn: Connection, session: Session) -> None:
+async def serve_asgi(
+    ws: WebSocket, relay: Relay, conn: Connection, session: Session, server: Any
+) -> None:
     """The ASGI path (permessage-deflate, a plain ASGI server): frames read by this task
     (`read_frames`) and written by a writer task until the client leaves, the writer
-    fails or the reader is dropped as a slow consumer; then everything is released."""
+    fails or the reader is dropped as a slow consumer; then everything is released (a
+    dropped reader's socket is cut when our server can: `server`, relay.wsserver)."""
     conn.gone = asyncio.Event()
     writer = asyncio.create_task(conn.writer())
     gone = asyncio.create_task(conn.gone.wait())
@@ -306,8 +308,8 @@ async def serve_asgi(ws: WebSocket, relay: Relay, conn: Connection, session: Ses
         for task in (reader, writer, gone, *tasks):
             task.cancel()
         conn.close()
-    if conn.dropped is not None:
-        await conn.goodbye()
+    if conn.dropped is not None and not await conn.goodbye() and server is not None:
+        server.abort()
 
 
 async def read_frames(

@@ -35,7 +35,7 @@ from typing import Any
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from relay import wsframes
-from relay.transport import DIRECT
+from relay.transport import CLOSE_TIMEOUT, DIRECT
 from relay.wsframes import text_frame_header
 
 # Bytes a connection may hold outside the relay's own accounted queue: frames corked in
@@ -45,7 +45,6 @@ from relay.wsframes import text_frame_header
 # memory bound (docs/OPERATING.md "Operating it"): 256 KiB held 330 MiB beyond the
 # budget with 1,000 stalled readers (bench stalled).
 DIRECT_MAX = 32 * 1024
-CLOSE_TIMEOUT = 2.0  # seconds a close we start may wait for the socket to flush
 KEEPALIVE_TICK = 1.0  # seconds between two ticks of the keepalive wheel (at most)
 _SHORT = [text_frame_header(n) for n in range(126)]  # headers of payloads under 126 bytes
 
@@ -471,10 +470,10 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
-        if self.conn.extensions or self.response.status_code != 101:
-            self._give_back()
-        elif getattr(self, "scope", None) is not None:
+        if getattr(self, "scope", None) is not None and self.response.status_code == 101:
             self.scope["extensions"][DIRECT] = self  # type: ignore[index]
+        if self.conn.extensions or self.response.status_code != 101:
+            self._give_back()  # never detached (`detach` says None)
 
     def _give_back(self) -> None:
         """Leave every frame to the library's parser (buffered bytes included)."""
@@ -523,6 +522,11 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
         if not self._reading_paused:
             self._reading_paused = True
             self.transport.pause_reading()
+
+    def abort(self) -> None:
+        """Cut a connection that is not detached (a reader that stopped, on the ASGI
+        path), discarding what its socket holds."""
+        self.transport.abort()
 
     async def receive(self) -> Any:
         """The ASGI receive, for an app that does not detach: the library's parser gets
