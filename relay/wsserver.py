@@ -299,16 +299,28 @@ class DirectSocket(asyncio.Protocol):
             self.reading_paused = True
             self.transport.pause_reading()
 
+    def _writable(self) -> bool:
+        """Nothing stops a write: no close sent, and the transport is not closing (it
+        closes itself on EOF or a failed write, before connection_lost comes, and a
+        write to it then raises)."""
+        if self.close_sent or self.closed:
+            return False
+        if self.transport.is_closing():
+            self.closed = True
+            return False
+        return True
+
     def _control(self, frame: bytes) -> None:
-        if not self.close_sent and not self.closed:
-            self.flush()  # whatever is corked goes first
+        self.flush()  # whatever is corked goes first
+        if self._writable():
             self.transport.write(frame)
 
     def _closed_by_peer(self, code: int) -> None:
         if not self.close_sent:
             self.flush()
             echo = None if code == wsframes.CLOSE_NO_STATUS else code
-            self.transport.write(wsframes.close_frame(echo))
+            if self._writable():
+                self.transport.write(wsframes.close_frame(echo))
             self.close_sent = True
         self.transport.close()
         self._gone()
@@ -317,8 +329,8 @@ class DirectSocket(asyncio.Protocol):
         """Close with `code` (after a last text message, e.g. a NOTICE): the connection
         is gone for the relay at once; the socket is cut if it has not flushed within
         CLOSE_TIMEOUT (a reader that stopped would never take the bytes)."""
-        if not self.close_sent and not self.closed:
-            self.flush()
+        self.flush()
+        if self._writable():
             before = text_frame_header(len(last)) + last if last else b""
             self.transport.write(before + wsframes.close_frame(code, reason))
             self.close_sent = True
@@ -347,9 +359,9 @@ class DirectSocket(asyncio.Protocol):
     # -- keepalive --------------------------------------------------------------------
 
     def ping(self, frame: bytes, payload: bytes) -> None:
-        if not self.close_sent and not self.closed:
+        self.flush()
+        if self._writable():
             self.pinged = payload
-            self.flush()
             self.transport.write(frame)
 
     def ping_timeout(self) -> None:
@@ -412,11 +424,6 @@ class DirectSocket(asyncio.Protocol):
         self._out_bytes += written
         return i
 
-    def abort(self) -> None:
-        """Cut the connection now, discarding unsent output."""
-        self._out, self._out_bytes = [], 0
-        self.transport.abort()
-
     def flush(self) -> None:
         out = self._out
         if not out:
@@ -424,7 +431,7 @@ class DirectSocket(asyncio.Protocol):
         data = b"".join(out)
         out.clear()
         self._out_bytes = 0
-        if not self.closed:
+        if self._writable():
             self.transport.write(data)
         if self.waiting and not self.writing_paused and self.on_writable is not None:
             self.on_writable()  # the transport's queue goes on while the socket takes it
