@@ -27,6 +27,7 @@ present).
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -37,6 +38,8 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from relay import wsframes
 from relay.transport import CLOSE_TIMEOUT, DIRECT
 from relay.wsframes import text_frame_header
+
+log = logging.getLogger("engram.transport")
 
 # Bytes a connection may hold outside the relay's own accounted queue: frames corked in
 # one loop iteration (`DIRECT_MAX`) plus the transport's buffer (its high-water mark,
@@ -64,7 +67,10 @@ class _Corker:
     def flush(self) -> None:
         pending, self.pending = self.pending, []
         for sock in pending:
-            sock.flush()
+            try:
+                sock.flush()
+            except Exception:  # a bug: the other sockets' output still goes out
+                log.exception("flushing a connection's output failed")
 
 
 _corker = _Corker()
@@ -431,8 +437,12 @@ class DirectSocket(asyncio.Protocol):
         data = b"".join(out)
         out.clear()
         self._out_bytes = 0
-        if self._writable():
-            self.transport.write(data)
+        if not (self.close_sent or self.closed):  # `_writable`, inline: once per socket
+            transport = self.transport
+            if transport.is_closing():
+                self.closed = True
+            else:
+                transport.write(data)
         if self.waiting and not self.writing_paused and self.on_writable is not None:
             self.on_writable()  # the transport's queue goes on while the socket takes it
 
