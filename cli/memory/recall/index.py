@@ -94,7 +94,7 @@ def doc_vectors(embedder: Embedder, memories: list[tuple[str, str]]) -> np.ndarr
     if not memories:
         return np.zeros((0, embedder.dim), dtype=np.float32)
     titles = embedder.embed([title(s) for s, _ in memories])
-    titles += embedder.embed([normalise(said(v)) for _, v in memories])
+    titles += embedder.embed([normalise(said(s, v)) for s, v in memories])
     norms = np.linalg.norm(titles, axis=1, keepdims=True)
     np.divide(titles, norms, out=titles, where=norms > 0)
     return titles
@@ -126,15 +126,17 @@ def unnamed(query: str, speakers: Iterable[str]) -> str:
     return out if out.strip() else query
 
 
-def said(value: str) -> str:
+def said(slug: str, value: str) -> str:
     """What a memory says, a speaker's label (`Ana: `) left out."""
-    m = _SPEAKER.match(value)
+    m = _SPEAKER.match(value) if group_of(slug) is not None else None
     return value[m.end() :] if m else value
 
 
-def speaker(value: str) -> str | None:
-    """The speaker's label of a conversation turn (`Ana: ...` -> "ana"), or None."""
-    m = _SPEAKER.match(value)
+def speaker(slug: str, value: str) -> str | None:
+    """The speaker of a conversation turn, lower-cased: the label (`Ana: ...`) that
+    starts a numbered entry (`group_of`); a named fact that starts "Allergy: ..." has
+    none."""
+    m = _SPEAKER.match(value) if group_of(slug) is not None else None
     return m[1].lower() if m else None
 
 
@@ -144,8 +146,6 @@ BULK = 32  # slugs added to one group in one put past which the group is sorted 
 _NAME = re.compile(r"\b[A-Z][\w'’-]*[a-z][\w'’-]*\b")
 _SPEAKER = re.compile(r"^\s*([A-Z][\w'’-]*)\s*:")
 _LINK = re.compile(r"\[\[([^\]\s|]+)(?:\|[^\]]*)?\]\]")
-
-
 _ENTRY = re.compile(r"^[a-z]{0,2}\d+$")
 
 
@@ -158,12 +158,13 @@ def group_of(slug: str) -> str | None:
     return parent if parent and _ENTRY.match(name) else None
 
 
-def entities(value: str) -> set[str]:
+def entities(slug: str, value: str) -> set[str]:
     """What a memory names that a question may not: its capitalised words (people,
     places, things), a speaker's label and stop words left out, lower-cased."""
-    speaker = _SPEAKER.match(value)
-    skip = {speaker[1].lower()} if speaker else set()
-    return {w.lower() for w in _NAME.findall(value) if w.lower() not in STOP_WORDS | skip}
+    who = speaker(slug, value)
+    return {
+        w.lower() for w in _NAME.findall(value) if w.lower() not in STOP_WORDS and w.lower() != who
+    }
 
 
 def links(value: str) -> list[str]:
@@ -284,7 +285,7 @@ class RecallIndex:
             self._slug_at.append(slug)
             self._row_of[slug] = start + offset
         self._link([slug for slug, _ in live])
-        self._speakers.update(who for _, value in live if (who := speaker(value)))
+        self._speakers.update(who for slug, value in live if (who := speaker(slug, value)))
         if terms_of_live is not None:
             self.lexical.load(list(range(start, start + len(live))), terms_of_live)
             return
@@ -361,7 +362,7 @@ class RecallIndex:
         if slug not in self._row_of:
             return
         self._unlink(slug)
-        if (who := speaker(self.heads[slug].value or "")) is not None:
+        if (who := speaker(slug, self.heads[slug].value or "")) is not None:
             self._speakers[who] -= 1
             if self._speakers[who] <= 0:
                 del self._speakers[who]
@@ -459,7 +460,7 @@ class RecallIndex:
             value = self.heads[slug].value if slug is not None else None
             if not value:
                 continue
-            names += [w for w in entities(value) if w not in asked]
+            names += [w for w in entities(slug, value) if w not in asked]
             linked += [r for s in links(value) if (r := self._row_of.get(s)) is not None]
         rare = max(fusion.HOP_RARE, fusion.HOP_RARE_SHARE * len(self.lexical))
         found = [t for t in terms(" ".join(names)) if self.lexical.df(t) <= rare]
