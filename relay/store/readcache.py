@@ -58,14 +58,26 @@ ROW_OVERHEAD = 240
 class Prefix:
     """The newest `asked` rows of one author (of the key's kinds) when it was filled."""
 
-    __slots__ = ("asked", "born", "complete", "rows", "size")
+    __slots__ = ("asked", "born", "complete", "expires", "kinds", "raws", "rows", "size")
 
     def __init__(self, rows: list[Row], asked: int, born: float) -> None:
         self.rows = rows
+        self.raws = [r[0] for r in rows]
         self.asked = asked
         self.complete = len(rows) < asked  # the whole history (of these kinds)
         self.born = born
-        self.size = sum(len(r[0]) for r in rows) + ROW_OVERHEAD * (len(rows) + 1)
+        self.size = sum(len(r) for r in self.raws) + ROW_OVERHEAD * (len(rows) + 1)
+        # what the rules look at, over all rows: when the first of them expires, and
+        # which kinds they are (none private to the viewer: every row is shown)
+        self.expires = min((r[5] for r in rows if r[5] is not None), default=None)
+        self.kinds = frozenset(r[3] for r in rows)
+
+    def all_shown(self, now: int, private: frozenset[int], party: bool) -> bool:
+        """Every row may be served to this viewer now (no NIP-40 expiry has passed, no
+        private kind but to its party)."""
+        return (self.expires is None or self.expires > now) and (
+            party or self.kinds.isdisjoint(private)
+        )
 
 
 class Fill:
@@ -113,7 +125,10 @@ def plan(f: Filter) -> Plan | None:
         or not 0 < f.limit <= PREFIX_ROWS_MAX
     ):
         return None
-    authors = [bytes.fromhex(a) for a in dict.fromkeys(f.authors) if is_hex(a, 64)]
+    if len(f.authors) == 1:  # the commonest
+        authors = [bytes.fromhex(f.authors[0])] if is_hex(f.authors[0], 64) else []
+    else:
+        authors = [bytes.fromhex(a) for a in dict.fromkeys(f.authors) if is_hex(a, 64)]
     if not authors or len(authors) > AUTHORS_MAX:
         return None
     kinds = kinds_of(f)
@@ -168,12 +183,19 @@ class ReadCache:
         """The raw events of the filters (each its plan), in the store's order; else the
         prefixes to fill first (Needs), or None when only the store can answer (a prefix
         too short for the rows the viewer may read)."""
+        if len(plans) == 1 and len(plans[0].authors) == 1:
+            return self._one_author(plans[0], filters[0], tenant, viewer, now, clock, private)
         per_filter: list[list[Row]] = []
         needs: dict[tuple[bytes, KindsKey], int] = {}  # the most rows each prefix needs
         for p, f in zip(plans, filters, strict=True):
             rows: list[Row] = []
             for author in p.authors:
-                got = self._rows(tenant, author, p, f, viewer, now, clock, private)
+                prefix = self._prefix(tenant, author, p, clock)
+                got = (
+                    prefix
+                    if isinstance(prefix, Need)
+                    else self._rows(prefix, author, p, f, viewer, now, private)
+                )
                 if got is None:
                     return None
                 if isinstance(got, Need):
@@ -193,23 +215,54 @@ class ReadCache:
         merged = {r[2]: r for rows in per_filter for r in rows}  # one event, several filters
         return [r[0] for r in sorted(merged.values(), key=_newest_first)]
 
-    def _rows(
+    def _one_author(
         self,
-        tenant: str,
-        author: bytes,
         p: Plan,
         f: Filter,
+        tenant: str,
         viewer: bytes | None,
         now: int,
         clock: float,
         private: frozenset[int],
-    ) -> list[Row] | Need | None:
-        """One author's rows for the filter: at most `limit`, those the viewer may read."""
+    ) -> list[bytes] | Needs | None:
+        """`answer` for the commonest REQ, one filter of one author: when every row of
+        the prefix is shown and no time span is asked, its first `limit` as they are."""
+        author = p.authors[0]
+        prefix = self._prefix(tenant, author, p, clock)
+        if isinstance(prefix, Need):
+            return Needs((prefix,))
+        if f.since is None and f.until is None and prefix.all_shown(now, private, viewer == author):
+            raws = prefix.raws
+            if len(raws) < p.limit and not prefix.complete:  # asked for fewer than this
+                return Needs((Need((author, p.kinds, p.limit)),))
+            self.hits += 1
+            return raws[: p.limit]
+        got = self._rows(prefix, author, p, f, viewer, now, private)
+        if got is None or isinstance(got, Need):
+            return None if got is None else Needs((got,))
+        self.hits += 1
+        return [r[0] for r in got]
+
+    def _prefix(self, tenant: str, author: bytes, p: Plan, clock: float) -> Prefix | Need:
+        """The author's prefix of the plan's kinds, or the fill it needs first."""
         entry = self._authors.get((tenant, author))
         prefix = None if entry is None else entry.get(p.kinds)
         if prefix is None or clock - prefix.born > self.max_age:
             return Need((author, p.kinds, p.limit))
         self._authors.move_to_end((tenant, author))
+        return prefix
+
+    def _rows(
+        self,
+        prefix: Prefix,
+        author: bytes,
+        p: Plan,
+        f: Filter,
+        viewer: bytes | None,
+        now: int,
+        private: frozenset[int],
+    ) -> list[Row] | Need | None:
+        """One author's rows for the filter: at most `limit`, those the viewer may read."""
         party = viewer == author  # the author reads its own private kinds
         since, until, limit = f.since, f.until, p.limit
         out: list[Row] = []
