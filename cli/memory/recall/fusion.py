@@ -19,6 +19,8 @@ new). No model call: all of it is a few numpy operations over the scores.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 K = 10
@@ -90,18 +92,37 @@ def weighted(
     return dict(zip(rows.tolist(), fused.tolist(), strict=True))
 
 
-def with_context(scores: np.ndarray, prev: np.ndarray, nxt: np.ndarray, share: float) -> np.ndarray:
-    """Each row's score plus `share` of its neighbours' (-1: none), and CONTEXT_FAR of
-    that for the neighbours' neighbours."""
-    if share == 0:
+class Links(NamedTuple):
+    """The rows of an index that have neighbours, and for each its neighbours one and
+    two away before and after (`size` for none), as `with_context` reads them."""
+
+    size: int
+    rows: np.ndarray
+    prev: np.ndarray
+    next: np.ndarray
+    prev2: np.ndarray
+    next2: np.ndarray
+
+
+def with_context(scores: np.ndarray, links: Links, share: float) -> np.ndarray:
+    """Each row's score plus `share` of its neighbours' and CONTEXT_FAR of that for the
+    neighbours' neighbours (gathered over the rows that have any)."""
+    if share == 0 or not len(links.rows):
         return scores
-    pad = np.append(scores, np.float32(0))  # index -1 reads the 0
-    near = pad[prev] + pad[nxt]
-    out = scores + share * near
+    pad = np.append(scores, np.float32(0))  # index `size` reads the 0
+    near = pad[links.prev]
+    near += pad[links.next]
     if CONTEXT_FAR:
-        prev2 = np.append(prev, -1)[prev]
-        next2 = np.append(nxt, -1)[nxt]
-        out += share * CONTEXT_FAR * (pad[prev2] + pad[next2])
+        far = pad[links.prev2]
+        far += pad[links.next2]
+        far *= CONTEXT_FAR
+        near += far
+    near *= share
+    if len(links.rows) == len(scores):  # every row has neighbours: no scatter
+        near += scores
+        return near
+    out = scores.copy()
+    out[links.rows] += near
     return out
 
 

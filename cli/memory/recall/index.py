@@ -196,6 +196,7 @@ class RecallIndex:
         self.version = 0  # counts changes: a save read in a thread checks it
         self._prev = np.zeros(0, dtype=np.int64)
         self._next = np.zeros(0, dtype=np.int64)
+        self._links: fusion.Links | None = None  # made from them for queries
 
     # -- state -----------------------------------------------------------------------
 
@@ -293,9 +294,27 @@ class RecallIndex:
             text = doc_text(slug, value, known[slug].created_at)
             self.lexical.add(start + offset, terms(text))
 
+    def _context(self, n: int) -> fusion.Links:
+        """The rows that have neighbours, with their neighbours one and two away (n for
+        none), remade after a change of the links: a query then gathers over those rows
+        only (none, in a memory of named facts)."""
+        if self._links is None or self._links.size != n:
+            rows = np.flatnonzero((self._prev[:n] >= 0) | (self._next[:n] >= 0))
+
+            def hop(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+                return np.where(a >= 0, b[np.maximum(a, 0)], -1)
+
+            p, q = self._prev[rows], self._next[rows]
+            ends = [p, q, hop(p, self._prev), hop(q, self._next)]
+            self._links = fusion.Links(
+                n, rows.astype(np.int32), *(np.where(e >= 0, e, n).astype(np.int32) for e in ends)
+            )
+        return self._links
+
     def _relink(self, group: list[str], at: int) -> None:
         """Set the links of `group[at]` and its two neighbours."""
         row_of = self._row_of
+        self._links = None
         for i in range(max(at - 1, 0), min(at + 2, len(group))):
             row = row_of[group[i]]
             self._prev[row] = row_of[group[i - 1]] if i > 0 else -1
@@ -315,6 +334,7 @@ class RecallIndex:
                     group.insert(at, slug)
                     self._relink(group, at)
                 continue
+            self._links = None
             group.extend(added)
             group.sort()
             rows = np.fromiter((self._row_of[s] for s in group), np.int64, len(group))
@@ -368,6 +388,7 @@ class RecallIndex:
                 del self._speakers[who]
         row = self._row_of.pop(slug)
         self._prev[row] = self._next[row] = -1
+        self._links = None
         self._alive[row] = False
         self._slug_at[row] = None
         self.lexical.remove(row)
@@ -414,9 +435,9 @@ class RecallIndex:
         qv = query_vector(self.embedder, query, self._speakers)
         sims = self._sims(qv, n)
         if mode == "fused":  # each memory read with its neighbours
-            prev, nxt = self._prev[:n], self._next[:n]
-            lex_scores = fusion.with_context(lex_scores, prev, nxt, fusion.CONTEXT_LEXICAL)
-            sims = fusion.with_context(sims, prev, nxt, fusion.CONTEXT_DENSE)
+            links = self._context(n)
+            lex_scores = fusion.with_context(lex_scores, links, fusion.CONTEXT_LEXICAL)
+            sims = fusion.with_context(sims, links, fusion.CONTEXT_DENSE)
         depth = max(fusion.DEPTH, limit)
         lex_rows = fusion.top(lex_scores, alive & (lex_scores > 0), depth)
         den_rows = fusion.top(sims, alive, depth)
