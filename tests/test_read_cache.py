@@ -445,3 +445,19 @@ def test_prefix_older_than_max_age_is_read_again() -> None:
     cache.put(cache.begin("t", Need((bytes(32), None, 5))), [row(0)], 100.0)
     assert cache.answer([p], [f], "t", None, 0, 110.0, frozenset()) == [b"x" * 100]
     assert isinstance(cache.answer([p], [f], "t", None, 0, 110.5, frozenset()), Needs)
+
+
+def test_a_forgotten_tenant_is_read_again_and_only_it() -> None:
+    """A request to vanish forgets the whole tenant at once (its prefixes answer nothing
+    until read again); another tenant's still answer."""
+    cache = ReadCache(1 << 20, 60.0)
+    f = Filter(authors=["00" * 32], limit=5)
+    p = plan(f)
+    assert p is not None
+    for tenant in ("t", "u"):
+        cache.put(cache.begin(tenant, Need((bytes(32), None, 5))), [row(0)], 0.0)
+    cache.changed("t", bytes(31) + b"\x01", KIND_VANISH)
+    assert isinstance(cache.answer([p], [f], "t", None, 0, 0.0, frozenset()), Needs)
+    assert cache.answer([p], [f], "u", None, 0, 0.0, frozenset()) == [b"x" * 100]
+    cache.put(cache.begin("t", Need((bytes(32), None, 5))), [row(1)], 0.0)  # read again
+    assert cache.answer([p], [f], "t", None, 0, 0.0, frozenset()) == [b"x" * 100]

@@ -58,9 +58,20 @@ ROW_OVERHEAD = 240
 class Prefix:
     """The newest `asked` rows of one author (of the key's kinds) when it was filled."""
 
-    __slots__ = ("asked", "born", "complete", "expires", "kinds", "raws", "rows", "size")
+    __slots__ = (
+        "asked",
+        "born",
+        "complete",
+        "expires",
+        "generation",
+        "kinds",
+        "raws",
+        "rows",
+        "size",
+    )
 
-    def __init__(self, rows: list[Row], asked: int, born: float) -> None:
+    def __init__(self, rows: list[Row], asked: int, born: float, generation: int) -> None:
+        self.generation = generation  # of its tenant (ReadCache.forget_tenant)
         self.rows = rows
         self.raws = [r[0] for r in rows]
         self.asked = asked
@@ -82,12 +93,15 @@ class Prefix:
 
 class Fill:
     """One fill in flight: installed by `ReadCache.put` only if nothing about its author
-    changed meanwhile (`stale`)."""
+    changed meanwhile (`stale`) and its tenant was not forgotten (`generation`)."""
 
-    __slots__ = ("author", "kinds", "n", "stale", "tenant")
+    __slots__ = ("author", "generation", "kinds", "n", "stale", "tenant")
 
-    def __init__(self, tenant: str, author: bytes, kinds: KindsKey, n: int) -> None:
+    def __init__(
+        self, tenant: str, author: bytes, kinds: KindsKey, n: int, generation: int
+    ) -> None:
         self.tenant, self.author, self.kinds, self.n = tenant, author, kinds, n
+        self.generation = generation
         self.stale = False
 
 
@@ -162,6 +176,7 @@ class ReadCache:
         self.size = 0
         self._authors: OrderedDict[tuple[str, bytes], dict[KindsKey, Prefix]] = OrderedDict()
         self._fills: dict[tuple[str, bytes], list[Fill]] = {}
+        self._generations: dict[str, int] = {}  # per tenant: forget_tenant's count
         self.hits = 0  # REQs answered here (tests and /metrics)
         self.fills = 0  # prefixes installed
 
@@ -247,7 +262,11 @@ class ReadCache:
         """The author's prefix of the plan's kinds, or the fill it needs first."""
         entry = self._authors.get((tenant, author))
         prefix = None if entry is None else entry.get(p.kinds)
-        if prefix is None or clock - prefix.born > self.max_age:
+        if (
+            prefix is None
+            or clock - prefix.born > self.max_age
+            or prefix.generation != self._generations.get(tenant, 0)
+        ):
             return Need((author, p.kinds, p.limit))
         self._authors.move_to_end((tenant, author))
         return prefix
@@ -292,7 +311,7 @@ class ReadCache:
         """A fill about to read the store: `put` installs its rows unless a change to the
         author is seen before then."""
         author, kinds, n = need
-        fill = Fill(tenant, author, kinds, n)
+        fill = Fill(tenant, author, kinds, n, self._generations.get(tenant, 0))
         self._fills.setdefault((tenant, author), []).append(fill)
         return fill
 
@@ -309,9 +328,10 @@ class ReadCache:
     def put(self, fill: Fill, rows: Iterable[Any], clock: float) -> None:
         """Install the rows a fill read (build_prefix's columns), unless it is stale."""
         self.end(fill)
-        if fill.stale or self.budget <= 0:
+        generation = self._generations.get(fill.tenant, 0)
+        if fill.stale or fill.generation != generation or self.budget <= 0:
             return
-        prefix = Prefix([tuple(r) for r in rows], fill.n, clock)  # type: ignore[misc]
+        prefix = Prefix([tuple(r) for r in rows], fill.n, clock, generation)  # type: ignore[misc]
         if prefix.size > self.budget // 4:
             return  # one author may not take the cache
         key = (fill.tenant, fill.author)
@@ -348,12 +368,10 @@ class ReadCache:
                 fill.stale = True
 
     def forget_tenant(self, tenant: str) -> None:
-        for key in [k for k in self._authors if k[0] == tenant]:
-            self.size -= sum(x.size for x in self._authors.pop(key).values())
-        for (t, _), fills in self._fills.items():
-            if t == tenant:
-                for fill in fills:
-                    fill.stale = True
+        """Every prefix of the tenant, and its fills in flight, no longer count: at once,
+        whatever their number (a request to vanish may come from anyone); the bytes they
+        hold go as the least recently used."""
+        self._generations[tenant] = self._generations.get(tenant, 0) + 1
 
     def clear(self) -> None:
         """Forget everything, the fills in flight too (after an administrative action)."""
