@@ -23,7 +23,8 @@ or sent live (the promise a read replica gives, relay.store.replicas):
 - deletions no event carries (NIP-86 bans, a ban swept after a reload, any admin action):
   the whole cache is forgotten after every administrative action;
 - what nothing announces (rows pruned by retention or `engram prune`): a prefix is
-  refilled after `read_cache_seconds`.
+  read again within `read_cache_seconds` (after half to all of it, spread over the
+  authors).
 A fill that a change overtakes (the change is seen while the fill's statement runs) is
 dropped, not installed. Bounded by `read_cache_bytes` over all tenants, least recently
 used authors first.
@@ -60,7 +61,6 @@ class Prefix:
 
     __slots__ = (
         "asked",
-        "born",
         "complete",
         "expires",
         "generation",
@@ -68,15 +68,16 @@ class Prefix:
         "raws",
         "rows",
         "size",
+        "until",
     )
 
-    def __init__(self, rows: list[Row], asked: int, born: float, generation: int) -> None:
+    def __init__(self, rows: list[Row], asked: int, until: float, generation: int) -> None:
         self.generation = generation  # of its tenant (ReadCache.forget_tenant)
         self.rows = rows
         self.raws = [r[0] for r in rows]
         self.asked = asked
         self.complete = len(rows) < asked  # the whole history (of these kinds)
-        self.born = born
+        self.until = until  # read again after this (ReadCache.put)
         self.size = sum(len(r) for r in self.raws) + ROW_OVERHEAD * (len(rows) + 1)
         # what the rules look at, over all rows: when the first of them expires, and
         # which kinds they are (none private to the viewer: every row is shown)
@@ -264,7 +265,7 @@ class ReadCache:
         prefix = None if entry is None else entry.get(p.kinds)
         if (
             prefix is None
-            or clock - prefix.born > self.max_age
+            or clock > prefix.until
             or prefix.generation != self._generations.get(tenant, 0)
         ):
             return Need((author, p.kinds, p.limit))
@@ -331,7 +332,11 @@ class ReadCache:
         generation = self._generations.get(fill.tenant, 0)
         if fill.stale or fill.generation != generation or self.budget <= 0:
             return
-        prefix = Prefix([tuple(r) for r in rows], fill.n, clock, generation)  # type: ignore[misc]
+        # read again after between half and all of max_age, spread over the authors (by
+        # their key's first byte), so the prefixes filled together are not all read
+        # again in the same moment
+        until = clock + self.max_age * (0.5 + fill.author[0] / 510)
+        prefix = Prefix([tuple(r) for r in rows], fill.n, until, generation)  # type: ignore[misc]
         if prefix.size > self.budget // 4:
             return  # one author may not take the cache
         key = (fill.tenant, fill.author)
