@@ -11,7 +11,12 @@ one relay of ours on an embedded PostgreSQL (not timed), then:
 - cold: `engram mem recall QUERY` as a process with a current cache, wall time (median and
   worst of 5), start-up and the check for changes included;
 - size: the cache file's bytes per memory; RSS (max resident) of the processes holding the
-  index (the API process after its warm queries, and the cold CLI).
+  index (the API process after its warm queries, and the cold CLI);
+- with `--session-calls N`: a long session of one long-running owner (a new process): N
+  recall calls `--session-pause` seconds apart, a write every `--session-write-every`
+  calls, a background exact check every `--session-reconcile` seconds and a save a second
+  after each change: p50 / p99 of the calls (writes not timed) and how many background
+  checks and saves ran meanwhile (issue 49: background work off the callers' path).
 """
 
 from __future__ import annotations
@@ -53,6 +58,38 @@ build, times = asyncio.run(main())
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 now = [int(x.split()[1]) * 1024 for x in open("/proc/self/status") if x.startswith("VmRSS")][0]
 print(json.dumps({"model_s": model_s, "build_s": build, "warm": times, "rss": rss, "rss_now": now}))
+"""
+
+
+# A long session of one long-running owner (as `engram mcp` holds it): calls with a pause
+# between them and a write every few calls, so that background exact checks and saves run
+# during the session; only the recall calls are timed.
+SESSION_CHILD = r"""
+import asyncio, json, sys, time
+from pathlib import Path
+from cli.nostr.identity import load_identity
+from cli.memory.api import AgentMemory
+from cli.memory.recall import Recall, RecallSettings
+args = json.loads(sys.argv[1])
+ident = load_identity(None, args["owner"], None, env={"ENGRAM_PRIVATE_KEY": args["sk"]})
+mem = AgentMemory(ident, [args["url"]], timeout=3600, recall_dir=Path(args["dir"]))
+settings = RecallSettings(reconcile_seconds=args["reconcile"], save_delay=args["save_delay"])
+mem._recall = Recall(ident, [args["url"]], 3600, cache_dir=Path(args["dir"]), settings=settings)
+async def main():
+    qs = args["queries"]
+    await mem.recall(qs[0], 10)
+    times = []
+    for i in range(args["calls"]):
+        if args["write_every"] and i % args["write_every"] == 0:
+            await mem.set(f"session/note-{i}", f"Session note {i}: {qs[i % len(qs)]}")
+        t = time.perf_counter(); await mem.recall(qs[i % len(qs)], 10)
+        times.append(time.perf_counter() - t)
+        await asyncio.sleep(args["pause"])
+    r = mem._recall
+    out = {"times": times, "checks": r.background_checks, "saves": r.background_saves}
+    await mem.close()
+    return out
+print(json.dumps(asyncio.run(main())))
 """
 
 
@@ -111,7 +148,9 @@ async def _mcp(env: dict[str, str], queries: list[str]) -> list[float]:
     return times
 
 
-def one_size(n: int, queries: list[str], workdir: Path) -> dict[str, Any]:
+def one_size(
+    n: int, queries: list[str], workdir: Path, session_args: dict[str, Any]
+) -> dict[str, Any]:
     from bench.peers import Postgres, start_engram
     from engram.nip01 import pubkey_of
 
@@ -162,6 +201,23 @@ def one_size(n: int, queries: list[str], workdir: Path) -> dict[str, Any]:
             )
             walls.append(time.perf_counter() - t)
         cli_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        session: dict[str, float] = {}
+        if session_args["calls"]:
+            child = subprocess.run(
+                [sys.executable, "-c", SESSION_CHILD, json.dumps(args | session_args)],
+                cwd=ROOT,
+                capture_output=True,
+            )
+            if child.returncode:
+                raise RuntimeError(f"the session process failed: {child.stderr.decode()[-2000:]}")
+            got = json.loads(child.stdout)
+            session = {
+                "session_calls": float(len(got["times"])),
+                "session_p50_ms": 1e3 * _pct(got["times"], 50),
+                "session_p99_ms": 1e3 * _pct(got["times"], 99),
+                "session_checks": float(got["checks"]),
+                "session_saves": float(got["saves"]),
+            }
         return {
             "n": n,
             "model_s": api["model_s"],
@@ -177,7 +233,7 @@ def one_size(n: int, queries: list[str], workdir: Path) -> dict[str, Any]:
             "rss_api_mb": api["rss"] / 2**20,
             "rss_api_now_mb": api["rss_now"] / 2**20,
             "rss_children_max_mb": cli_rss / 2**20,
-        }
+        } | session
     finally:
         if relay is not None:
             relay.stop()
@@ -190,14 +246,27 @@ def speed(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench recall speed")
     p.add_argument("--sizes", default="1000,10000,100000")
     p.add_argument("--queries", type=int, default=200)
+    p.add_argument(
+        "--session-calls", type=int, default=0, help="also a long session of N calls (0: none)"
+    )
+    p.add_argument("--session-pause", type=float, default=0.02, help="seconds between calls")
+    p.add_argument("--session-reconcile", type=float, default=5.0, help="background check every")
+    p.add_argument("--session-write-every", type=int, default=20, help="a write every N calls")
     args = p.parse_args(argv)
+    session_args = {
+        "calls": args.session_calls,
+        "pause": args.session_pause,
+        "reconcile": args.session_reconcile,
+        "save_delay": 1.0,
+        "write_every": args.session_write_every,
+    }
     questions = [q.text for q in build().questions][: args.queries]
     print(f"load: {os.getloadavg()[0]:.2f} (a benchmark wants < 0.5); {os.cpu_count()} CPUs")
     rows = []
     for n in (int(s) for s in args.sizes.split(",")):
         workdir = Path(tempfile.mkdtemp(prefix="engram-recall-speed-"))
         try:
-            row = one_size(n, questions, workdir)
+            row = one_size(n, questions, workdir, session_args)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         rows.append(row)
@@ -215,4 +284,13 @@ def speed(argv: list[str]) -> int:
             f"{r['cache_bytes_per_memory']:.0f} | {r['rss_api_mb']:.0f} / "
             f"{r['rss_children_max_mb']:.0f} |"
         )
+    if args.session_calls:
+        print("\n| memories | session calls | p50 / p99 ms | background checks | saves |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            print(
+                f"| {r['n']:,} | {r['session_calls']:.0f} | {r['session_p50_ms']:.1f} / "
+                f"{r['session_p99_ms']:.1f} | {r['session_checks']:.0f} | "
+                f"{r['session_saves']:.0f} |"
+            )
     return 0

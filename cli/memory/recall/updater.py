@@ -162,6 +162,8 @@ class Recall:
         self._changes = 0  # changes to keep, counted; `_saved_changes`: as of the last save
         self._saved_changes = 0
         self._saving: asyncio.Future[bool] | None = None  # a save in its thread
+        self.background_checks = 0  # background exact checks and saves done (a bench
+        self.background_saves = 0  # reads them: calls measured across them)
         # slug -> the owner's verdicts, as last read whole (None: not read yet)
         self.verdicts: dict[str, dict[str, Version]] | None = None
 
@@ -539,6 +541,7 @@ class Recall:
                     await asyncio.sleep(0)
             if tally.changed or self._dirty or self.newest != self._saved_newest:
                 self._persist()
+            self.background_checks += 1
 
         self._exact_task = asyncio.ensure_future(run())
 
@@ -619,6 +622,7 @@ class Recall:
         self._saving = asyncio.get_running_loop().run_in_executor(None, work)
         saved = await asyncio.shield(self._saving)  # `close` waits for it, never cuts it
         if saved:
+            self.background_saves += 1
             self._saved_newest, self._saved_changes = newest, changes
             if changes == self._changes:
                 self._dirty = False
