@@ -465,7 +465,8 @@ class RecallIndex:
             for h in hits:
                 (again if h.value in seen else first).append(h)
                 seen.add(h.value)
-            hits = first + again
+            floor = first[-1].score if first else 0.0  # scores stay best first
+            hits = first + [replace(h, score=min(h.score, floor)) for h in again]
         return hits[:limit]
 
     def _second_hop(self, query: str, scored: dict[int, float], alive: np.ndarray, n: int) -> None:
