@@ -18,12 +18,13 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from nostr_client import Client, raw_ws
+from nostr_client import Client, raw_ws, raw_ws_send
 from relay_fixtures import RelayProcess, until
 
 from bench import wsclient
 from engram.nip01 import sign_event
 from relay.memtrim import Trimmer
+from relay.wsserver import PARALLEL_MIN
 
 CROWD = 200
 SK = bytes(31) + b"\x2f"
@@ -139,6 +140,50 @@ async def test_a_crowd_gets_every_fan_out_once_and_the_relay_stays_correct(
         assert (await publisher.publish(fresh))[2] is True
         await until(lambda: all(m.events() == [fresh.id] for m in again), "the new crowd got it")
     for m in again:
+        assert m.ws is not None
+        m.ws.close()
+
+
+async def test_a_crowd_with_stopped_readers_gets_a_burst_whole_and_in_one_order(
+    start_relay,
+) -> None:
+    """More sockets with output at once than the corker writes alone (PARALLEL_MIN): the
+    helper threads write too, and the stopped readers' sockets take part of a write (the
+    rest goes to their transports). Every reading connection gets every event of the
+    burst once, intact, in the one order the relay published them; the stopped ones are
+    dropped."""
+    rp = start_relay(env={"ENGRAM_SLOW_CONSUMER_SECONDS": "3"})
+    members = await _crowd(rp.url, "burst", PARALLEL_MIN + 20)
+    stopped = []
+    for _ in range(10):  # subscribed, then never read again (a 4 KiB receive window)
+        sock = raw_ws(rp.port)
+        req = ["REQ", "stopped", {"kinds": [1], "#t": ["burst"], "limit": 0}]
+        raw_ws_send(sock, msgspec.json.encode(req).decode())
+        stopped.append(sock)
+    await until(
+        lambda: _gauge_is(rp, "engram_subscriptions", len(members) + len(stopped)),
+        "every subscriber counted",
+    )
+    burst = [
+        sign_event(SK, int(time.time()), 1, [["t", "burst"]], f"{i:04d}" + "x" * 400, bytes(32))
+        for i in range(200)
+    ]
+    async with await Client.connect(rp.url) as publisher:
+        oks = await publisher.publish_many(burst)
+        assert all(ok[2] for ok in oks.values())
+    await until(lambda: all(len(m.events()) >= len(burst) for m in members), "the burst arrived")
+    order = members[0].events()
+    assert sorted(order) == sorted(e.id for e in burst)  # each once
+    for m in members:
+        assert m.events() == order
+    sent = {e.id: msgspec.json.decode(msgspec.json.encode(e)) for e in burst}
+    assert all(f[2] == sent[f[2]["id"]] for m in members for f in m.frames)
+    await until(
+        lambda: _gauge_is(rp, "engram_connections", len(members)), "the stopped ones dropped"
+    )
+    for sock in stopped:
+        sock.close()
+    for m in members:
         assert m.ws is not None
         m.ws.close()
 
