@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from bench.peers import Postgres, Running, start_engram
-    from cli.nostr.identity import load_identity
     from cli.memory.api import AgentMemory
+    from cli.nostr.identity import load_identity
     from engram.nip01 import pubkey_of
 
     workdir = Path(tempfile.mkdtemp(prefix="engram-memls-"))

@@ -145,8 +145,8 @@ def _time_bridge(nodes: list[Running], half: int) -> None:
     and the CPU of the client and of each relay."""
     import psutil
 
-    from cli.nostr.client import fetch_nip11, open_relay
     from cli.commands.sync import Peer, reconcile
+    from cli.nostr.client import fetch_nip11, open_relay
 
     a, b = nodes
     relays = [psutil.Process(node.pid) for node in nodes]
