@@ -1,7 +1,7 @@
 """NIP-42 client authentication: the AUTH event kind and how a client signs one.
 
 Pure: the time and the Schnorr aux are arguments. The relay checks AUTH events
-(`relay.policy`); the CLI signs them (`cli.client`).
+(`relay.policy`); the CLI signs them (`cli.nostr.client`).
 """
 
 from __future__ import annotations
