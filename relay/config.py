@@ -172,7 +172,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # at most this many bytes for the whole process (0: off), each author's rows read
     # again after this many seconds (what no event announces: pruned rows)
     read_cache_bytes: int = 64 * 1024 * 1024
-    read_cache_seconds: float = 10.0
+    read_cache_seconds: float = 60.0
     # Store reads (REQ/COUNT) in flight per connection and per IP (relay.readgate): a
     # client sending costly REQs back to back waits for its own, not everyone else.
     reads_per_connection: int = 4

@@ -466,3 +466,40 @@ def test_a_forgotten_tenant_is_read_again_and_only_it() -> None:
     assert cache.answer([p], [f], "u", None, 0, 0.0, frozenset()) == [b"x" * 100]
     cache.put(cache.begin("t", Need((bytes(32), None, 5))), [row(1)], 0.0)  # read again
     assert cache.answer([p], [f], "t", None, 0, 0.0, frozenset()) == [b"x" * 100]
+
+
+def test_a_prefix_past_half_its_time_is_read_again_while_it_answers() -> None:
+    """Past its refresh time a prefix still answers and is handed, once, to be read again
+    in the background; past its end it answers nothing."""
+    cache = ReadCache(1 << 20, 10.0)
+    f = Filter(authors=["00" * 32], limit=5)
+    p = plan(f)
+    assert p is not None
+    cache.put(cache.begin("t", Need((bytes(32), None, 5))), [row(0)], 100.0)  # 100 + 2.5 + 2.5
+    assert cache.answer([p], [f], "t", None, 0, 102.0, frozenset()) == [b"x" * 100]
+    assert cache.due == []
+    for _ in range(2):
+        assert cache.answer([p], [f], "t", None, 0, 103.0, frozenset()) == [b"x" * 100]
+    assert [d[:2] for d in cache.due] == [("t", Need((bytes(32), None, 5)))]
+    cache.later(cache.due.pop()[2])  # not read now: handed on again by the next answer
+    assert cache.answer([p], [f], "t", None, 0, 103.0, frozenset()) == [b"x" * 100]
+    assert len(cache.due) == 1
+    assert isinstance(cache.answer([p], [f], "t", None, 0, 105.5, frozenset()), Needs)
+
+
+async def test_hot_prefixes_are_read_again_in_the_background(
+    node: Node, make_event: MakeEvent
+) -> None:
+    """A prefix read past its refresh time answers from memory and is read again behind
+    the REQ, as a fill like any other (its refresh time is set back here, not waited
+    for: the clock is not part of the test)."""
+    old = make_event(SK[0], content="old", created_at=10)
+    await put(node.store, old)
+    await ids(node.store, newest(0))
+    fills = node.cache.fills
+    prefix = node.cache._authors[(DEFAULT_TENANT, bytes.fromhex(PK[0]))][None]
+    prefix.refresh = 0.0
+    assert await cached(node, newest(0)) == [old.id]  # still answers, from memory...
+    await until(lambda: node.cache.fills == fills + 1, "the background read")  # ...read again
+    assert node.cache._authors[(DEFAULT_TENANT, bytes.fromhex(PK[0]))][None] is not prefix
+    assert await cached(node, newest(0)) == [old.id]

@@ -12,6 +12,7 @@ current through `changed`, `rows_seen` and `forget_reads`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -31,6 +32,9 @@ from relay.store.sqlread import build_prefix, build_query
 from relay.wire import Reason, raw_author
 
 log = logging.getLogger("relay.store")
+
+# Background reads of prefixes past their refresh time, at most this many at once.
+REFRESHES_MAX = 32
 
 
 class PostgresReader(PostgresBase):
@@ -54,6 +58,7 @@ class PostgresReader(PostgresBase):
         # the cache answers only while the bus is current: a tail read, not held back,
         # within two polls (it reads at least once a poll); never before the first
         self._bus_current_at = -math.inf
+        self._refreshes: set[asyncio.Task[None]] = set()  # background fills (_refresh_due)
         self._bus_current_for = 2 * settings.bus_poll_seconds + 0.5
 
     # --- what keeps the cache current (relay.store.readcache) ----------------------------
@@ -135,7 +140,28 @@ class PostgresReader(PostgresBase):
             return None
         v = bytes.fromhex(viewer) if viewer is not None and is_hex(viewer, 64) else None
         got = cache.answer(plans, filters, tenant, v, int(time.time()), time.monotonic(), private)
+        if cache.due:
+            self._refresh_due()
         return None if isinstance(got, Needs) else got
+
+    def _refresh_due(self) -> None:
+        """Read again, in the background, the prefixes past their refresh time that just
+        answered (at most REFRESHES_MAX at once; the others at a later answer)."""
+        cache = self.read_cache
+        assert cache is not None
+        due, cache.due = cache.due, []
+        loop = asyncio.get_running_loop()
+        for tenant, need, prefix in due:
+            if len(self._refreshes) >= REFRESHES_MAX:
+                cache.later(prefix)
+                continue
+            task = loop.create_task(self._refresh(tenant, need))
+            self._refreshes.add(task)
+            task.add_done_callback(self._refreshes.discard)
+
+    async def _refresh(self, tenant: str, need: Need) -> None:
+        with contextlib.suppress(StoreError):  # logged; the prefix expires as it would
+            await self._fill(tenant, need, int(time.time()))
 
     async def _cached_or_filled(
         self,
@@ -154,8 +180,13 @@ class PostgresReader(PostgresBase):
         v = bytes.fromhex(viewer) if viewer is not None and is_hex(viewer, 64) else None
         got = cache.answer(plans, filters, tenant, v, now, time.monotonic(), private)
         if isinstance(got, Needs):
-            await asyncio.gather(*(self._fill(tenant, need, now) for need in got))
+            if len(got) == 1:  # in this task: no hop through another
+                await self._fill(tenant, got[0], now)
+            else:
+                await asyncio.gather(*(self._fill(tenant, need, now) for need in got))
             got = cache.answer(plans, filters, tenant, v, now, time.monotonic(), private)
+        if cache.due:
+            self._refresh_due()
         return None if isinstance(got, Needs) else got
 
     async def _fill(self, tenant: str, need: Need, now: int) -> None:

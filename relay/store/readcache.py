@@ -24,7 +24,8 @@ or sent live (the promise a read replica gives, relay.store.replicas):
   the whole cache is forgotten after every administrative action;
 - what nothing announces (rows pruned by retention or `engram prune`): a prefix is
   read again within `read_cache_seconds` (after half to all of it, spread over the
-  authors).
+  authors; one that answers past half of its time is read again in the background,
+  so a hot author is not a miss for its age).
 A fill that a change overtakes (the change is seen while the fill's statement runs) is
 dropped, not installed. Bounded by `read_cache_bytes` over all tenants, least recently
 used authors first.
@@ -34,6 +35,7 @@ Pure: no I/O, no clock (the caller passes the times); relay.store.pgreader runs 
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
@@ -66,13 +68,17 @@ class Prefix:
         "generation",
         "kinds",
         "raws",
+        "refresh",
         "rows",
         "size",
         "until",
     )
 
-    def __init__(self, rows: list[Row], asked: int, until: float, generation: int) -> None:
+    def __init__(
+        self, rows: list[Row], asked: int, refresh: float, until: float, generation: int
+    ) -> None:
         self.generation = generation  # of its tenant (ReadCache.forget_tenant)
+        self.refresh = refresh  # read again in the background after this (ReadCache.due)
         self.rows = rows
         self.raws = [r[0] for r in rows]
         self.asked = asked
@@ -178,6 +184,10 @@ class ReadCache:
         self._authors: OrderedDict[tuple[str, bytes], dict[KindsKey, Prefix]] = OrderedDict()
         self._fills: dict[tuple[str, bytes], list[Fill]] = {}
         self._generations: dict[str, int] = {}  # per tenant: forget_tenant's count
+        # prefixes past their `refresh` that answered since the caller last looked: the
+        # caller reads them again in the background (relay.store.pgreader), so a hot
+        # author is never a miss for its age
+        self.due: list[tuple[str, Need, Prefix]] = []
         self.hits = 0  # REQs answered here (tests and /metrics)
         self.fills = 0  # prefixes installed
 
@@ -270,7 +280,15 @@ class ReadCache:
         ):
             return Need((author, p.kinds, p.limit))
         self._authors.move_to_end((tenant, author))
+        if clock > prefix.refresh:  # still served; read again before it may not be
+            prefix.refresh = math.inf  # once (`later` puts it back)
+            self.due.append((tenant, Need((author, p.kinds, prefix.asked)), prefix))
         return prefix
+
+    @staticmethod
+    def later(prefix: Prefix) -> None:
+        """A due prefix not read again now: handed on again by the next answer."""
+        prefix.refresh = 0.0
 
     def _rows(
         self,
@@ -332,11 +350,12 @@ class ReadCache:
         generation = self._generations.get(fill.tenant, 0)
         if fill.stale or fill.generation != generation or self.budget <= 0:
             return
-        # read again after between half and all of max_age, spread over the authors (by
-        # their key's first byte), so the prefixes filled together are not all read
-        # again in the same moment
-        until = clock + self.max_age * (0.5 + fill.author[0] / 510)
-        prefix = Prefix([tuple(r) for r in rows], fill.n, until, generation)  # type: ignore[misc]
+        # served for between half and all of max_age, spread over the authors (by their
+        # key's first byte), so the prefixes filled together are not all read again in
+        # the same moment; read again in the background after half of that
+        span = self.max_age * (0.5 + fill.author[0] / 510)
+        rows_ = [tuple(r) for r in rows]
+        prefix = Prefix(rows_, fill.n, clock + span / 2, clock + span, generation)  # type: ignore[arg-type]
         if prefix.size > self.budget // 4:
             return  # one author may not take the cache
         key = (fill.tenant, fill.author)
