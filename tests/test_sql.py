@@ -293,3 +293,18 @@ def test_statement_size_does_not_grow_with_the_values() -> None:
     assert merged == sqlread.MERGE_BRANCHES_MAX, merged
     assert text.count("CROSS JOIN LATERAL") == 16 - sqlread.MERGE_BRANCHES_MAX // len(authors)
     assert placeholders(text) == set(range(1, len(params) + 1))
+
+
+def test_a_d_tag_drives_a_limited_scan_whatever_the_tag_order() -> None:
+    """One slug's history read (kinds 30174 and 4174, `#p` the owner, `#d` the slug, a
+    limit): driven by the owner's `p` it read every engram of the memory and ran into the
+    10 s query timeout at 10,000 memories; `d` names a few events."""
+    from relay.store.sqlread import _driving_tag
+
+    tags = {"p": ["ab" * 32], "d": ["x"]}
+    history = Filter(kinds=[30174, 4174], authors=["cd" * 32], tags=tags, limit=500)
+    assert _driving_tag(history) == "d"
+    assert _driving_tag(Filter(kinds=[1], tags={"t": ["a"], "p": ["ab" * 32]}, limit=5)) == "t"
+    # an engram-only filter's `d` is its address column, never a tag scan
+    heads = Filter(kinds=[30174], tags={"p": ["ab" * 32], "d": ["x"]}, limit=5)
+    assert _driving_tag(heads) == "p"

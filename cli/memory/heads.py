@@ -24,11 +24,15 @@ def memory_filters(
 ) -> list[dict[str, Any]]:
     """The REQ filters of one agent's memory: [the agent's heads (and revisions, for
     history), the owner's verdicts], for one slug's `d` tag or all."""
+    # `#d` first: a relay may drive a limited scan by the first tag a filter names (this
+    # one did before it preferred `d`: relay.store.sqlread._driving_tag), and one slug's
+    # `d` is a handful of events where the owner's `p` is on every one of the memory's (a
+    # paged read of one slug ran into the relay's 10 s query timeout at 10,000 memories)
     by_d = {"#d": [d]} if d is not None else {}
     kinds = [KIND_ENGRAM, KIND_REVISION] if history else [KIND_ENGRAM]
     return [
-        {"kinds": kinds, "authors": [ident.agent], "#p": [ident.owner], **by_d},
-        {"kinds": [KIND_VERDICT], "authors": [ident.owner], "#p": [ident.agent], **by_d},
+        {"kinds": kinds, "authors": [ident.agent], **by_d, "#p": [ident.owner]},
+        {"kinds": [KIND_VERDICT], "authors": [ident.owner], **by_d, "#p": [ident.agent]},
     ]
 
 
