@@ -7,6 +7,7 @@ The browser's view of the same app is tests/test_review_browser.py.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import stat
 from collections.abc import AsyncIterator, Iterator
@@ -649,13 +650,18 @@ async def test_a_partial_read_says_so_on_every_view_and_moves_no_mark(
     mark is taken from such a read (neither by the button nor when the server stops).
     Negative twin: a complete read moves the mark and reports a removal."""
     state = tmp_path / "data"
+    # A second after the seeded memory's writes: a page of the truncating relay below (3
+    # events) then holds this write's head and revision and one older event, so its
+    # answer to a page asked `until` that older second shows it ignores `until` (a page
+    # of events of one second only cannot tell that from a relay that honours it)
+    await asyncio.sleep(1.1)
     await seeded.set("notes/partial", "here on the first visit")
     async with review_server(keys.agent_env(relay.url), log_dir=tmp_path, state_dir=state) as s:
         assert "Incomplete read" not in (await http.get(s.at("changes"))).text
     (mark,) = (state / "engram-relay" / "review").iterdir()
     before = mark.read_bytes()
     down = f"ws://127.0.0.1:{closed_port()}"
-    async with truncating_relay(relay.url, 2, proxy_port) as cut:
+    async with truncating_relay(relay.url, 3, proxy_port) as cut:
         for relays, said in ((f"{relay.url},{down}", down), (cut, "ignores `until`")):
             env = keys.agent_env(relays)
             async with review_server(env, log_dir=tmp_path, state_dir=state) as server:
