@@ -94,7 +94,10 @@ async def test_leave_default_starts_the_tenant_empty_and_hides_them(start_relay)
     await publish(port, "127.0.0.1", events)
     done = tenant_cli(db, "add", HOST, "--leave-default")
     assert done.stdout.startswith(f"added tenant {HOST} (written to")
-    wait_for(lambda: http_get(port, HOST)[0] == 200)
+    # the relay has taken the new configuration when 127.0.0.1 stops being served (HOST
+    # answered 200 before it too: a relay without tenants serves every host)
+    wait_for(lambda: http_get(port, "127.0.0.1")[0] == 404)
+    assert http_get(port, HOST)[0] == 200
     assert await stored_ids(port, HOST) == []  # the negative twin: nothing adopted
     assert http_get(port, "127.0.0.1")[0] == 404
     # a second tenant changes nothing for them: no refusal
