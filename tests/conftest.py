@@ -6,6 +6,7 @@ server named by ENGRAM_TEST_DATABASE_URL (a role that may CREATE DATABASE).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import importlib
 import os
@@ -115,11 +116,27 @@ def pg_server_url() -> Iterator[str]:
         return
     tmp = Path(tempfile.mkdtemp(prefix="engram-test-pg-"))
     server = start_server(tmp / "pgdata", cleanup_mode="delete")
+    asyncio.run(_no_flush_to_disk(server.get_uri()))
     try:
         yield server.get_uri()
     finally:
         server.cleanup()  # stops the server and deletes pgdata
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def _no_flush_to_disk(server_url: str) -> None:
+    """The session's throwaway server does not wait for the disk at each commit: every
+    write still reaches the operating system before it is acknowledged (so a killed relay
+    or PostgreSQL process loses nothing a test can see), only a crash of the machine
+    would. Thousands of test databases and migrations commit much faster; tests that
+    start their own embedded server (the relay's durable defaults) are untouched."""
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute("ALTER SYSTEM SET fsync = off")
+        await conn.execute("ALTER SYSTEM SET full_page_writes = off")
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
 
 
 async def _fresh_database(server_url: str) -> AsyncIterator[str]:

@@ -253,18 +253,25 @@ async def test_a_relay_that_accepts_and_never_answers_is_named_exit_2(start_rela
     names the relay that stalled; nothing is reported as done."""
     real = start_relay()
     await publish(real.url, sets()[0][:5])
+
+    async def named(url: str, args: tuple[str, ...]) -> None:
+        done = await engram_async("sync", *args, "--json", env=clean_env())
+        err = done.stderr.decode()
+        assert done.returncode == 2, err
+        assert url in err and err.count("\n") == 1, err
+        assert done.stdout == b""  # no summary: nothing reported as done
+
     async with stalling_relays() as stalled:
-        for url in stalled:
+        runs = [
+            named(url, args)
+            for url in stalled
             for args in (  # steps long enough for the real relay's, on a loaded machine
                 ("--from", url, "--to", real.url, "--step-timeout", "3"),
                 ("--from", real.url, "--to", url, "--step-timeout", "3"),
                 ("--from", url, "--to", real.url, "--timeout", "3"),  # the run's deadline
-            ):
-                done = await engram_async("sync", *args, "--json", env=clean_env())
-                err = done.stderr.decode()
-                assert done.returncode == 2, err
-                assert url in err and err.count("\n") == 1, err
-                assert done.stdout == b""  # no summary: nothing reported as done
+            )
+        ]
+        await asyncio.gather(*runs)  # each waits out its own deadline, not the others'
 
 
 async def test_a_stall_while_copying_says_the_sync_is_not_complete(start_relay) -> None:

@@ -151,8 +151,15 @@ async def test_a_crowd_with_stopped_readers_gets_a_burst_whole_and_in_one_order(
     helper threads write too, and the stopped readers' sockets take part of a write (the
     rest goes to their transports). Every reading connection gets every event of the
     burst once, intact, in the one order the relay published them; the stopped ones are
-    dropped."""
-    rp = start_relay(env={"ENGRAM_SLOW_CONSUMER_SECONDS": "3"})
+    dropped. What they did not read fits the kernel's socket buffers, so their own queues
+    empty and the keepalive is what finds them (short here: the defaults take 50 s)."""
+    rp = start_relay(
+        env={
+            "ENGRAM_SLOW_CONSUMER_SECONDS": "3",
+            "ENGRAM_PING_INTERVAL_SECONDS": "2",
+            "ENGRAM_PING_TIMEOUT_SECONDS": "2",
+        }
+    )
     members = await _crowd(rp.url, "burst", PARALLEL_MIN + 20)
     stopped = []
     for _ in range(10):  # subscribed, then never read again (a 4 KiB receive window)

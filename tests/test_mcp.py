@@ -442,15 +442,21 @@ async def test_every_tool_errors_when_the_relay_accepts_and_never_answers(
     """A server that accepts the TCP connection and says nothing (before or after the
     websocket handshake): every tool, the resource and the prompt end at the deadline."""
     assert {tool for tool, _ in EVERY_CALL} == READ_TOOLS | WRITE_TOOLS
+
+    async def every_call_ends(url: str) -> None:
+        env = keys.agent_env(url)
+        async with stdio_server(env, "--timeout", "2", log_dir=tmp_path) as server:
+            # all at once: each waits out its own deadline, none waits behind another's
+            messages = await asyncio.gather(
+                *(server.error(tool, "relay", **args) for tool, args in EVERY_CALL)
+            )
+            for message in messages:
+                assert "timed out" in message or "no answer" in message, message
+            assert await server.core_prompt() == []
+            assert await server.core_resource() == ""
+
     async with stalling_relays() as stalled:
-        for url in stalled:
-            env = keys.agent_env(url)
-            async with stdio_server(env, "--timeout", "2", log_dir=tmp_path) as server:
-                for tool, args in EVERY_CALL:
-                    message = await server.error(tool, "relay", **args)
-                    assert "timed out" in message or "no answer" in message, message
-                assert await server.core_prompt() == []
-                assert await server.core_resource() == ""
+        await asyncio.gather(*(every_call_ends(url) for url in stalled))
 
 
 async def test_a_catastrophic_regex_is_bad_input_and_the_server_keeps_serving(
