@@ -118,6 +118,9 @@ class PostgresWriter(ByEnqueue, PostgresBase):
         self._write_concurrency = max(1, settings.write_concurrency)
         kinds = settings.search_kinds
         self._search_kinds = None if kinds is None else frozenset(kinds)
+        self._clean_bytes = max(0, settings.search_clean_bytes)
+        self._unclean = 0  # bytes of searched content stored since the last merge began
+        self._cleaning: asyncio.Task[None] | None = None
 
     def _start_writers(self) -> None:
         # Several writers: while one batch waits for its commit (fsync), the next is being
@@ -133,6 +136,8 @@ class PostgresWriter(ByEnqueue, PostgresBase):
         self._wakeup.set()
         if self._writers:  # a cancelled writer answered its events (_writer_failed)
             await asyncio.gather(*self._writers, return_exceptions=True)
+        if self._cleaning is not None:  # before the pool closes under it
+            await asyncio.gather(self._cleaning, return_exceptions=True)
 
     def enqueue(self, event: Event, raw: bytes, tenant: str, done: Saved) -> None:
         """`done(result)` after the batch holding the event commits (EventStore.enqueue);
@@ -177,10 +182,34 @@ class PostgresWriter(ByEnqueue, PostgresBase):
                     raise
                 continue
             self._written(batch)
-            if any(r.status is SaveStatus.STORED for r in results):
+            stored = [
+                p for p, r in zip(batch, results, strict=True) if r.status is SaveStatus.STORED
+            ]
+            if stored:
                 self._wake_nodes()
+                self._stored_searched(sum(len(p.row[7]) for p in stored))
             for p, result in zip(batch, results, strict=True):
                 p.answer(result)
+
+    def _stored_searched(self, content: int) -> None:
+        """`content` characters of searched content stored: past `search_clean_bytes`
+        since the last merge, the search index's pending list is merged by a statement of
+        its own (one at a time), so that no batch's insert does it and waits
+        (sqlwrite.CLEAN_SEARCH_PENDING)."""
+        self._unclean += content
+        if not self._clean_bytes or self._unclean < self._clean_bytes or self._cleaning:
+            return
+        self._unclean = 0
+        self._cleaning = asyncio.create_task(self._clean_search(), name="engram-search-merge")
+
+    async def _clean_search(self) -> None:
+        try:
+            async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
+                await conn.execute(q.CLEAN_SEARCH_PENDING)
+        except Exception as exc:  # the inserts merge it then, as PostgreSQL does alone
+            log.warning("search index merge failed: %s", failure(exc))
+        finally:
+            self._cleaning = None
 
     def _written(self, batch: list[Pending]) -> None:
         """Before any answer or live delivery: what the batch may have changed is read
