@@ -90,19 +90,6 @@ class Pending:
         return beats(a[2], a[0], b[2], b[0])
 
 
-def _columns(batch: list[Pending]) -> list[list[Any]]:
-    """Per-column arrays for the unnest() insert ($1 tenant, then the Row fields).
-
-    A column that is NULL on every row (`d`, `owner`, `expires_at` of a batch of notes)
-    goes as an empty array: unnest() pads a shorter array with NULLs, and asyncpg
-    spends ~0.3 us encoding each NULL element (bench/RESULTS-HISTORY.md, issue 24)."""
-    n = len(batch)
-    columns: list[list[Any]] = [[p.tenant for p in batch]]
-    for i, c in enumerate(zip(*(p.row for p in batch), strict=True)):
-        columns.append([] if i in q.ROW_NULLABLE and c.count(None) == n else list(c))
-    return columns
-
-
 class PostgresWriter(ByEnqueue, PostgresBase):
     """The writes of PostgresStore (EventWrites)."""
 
@@ -391,7 +378,8 @@ class PostgresWriter(ByEnqueue, PostgresBase):
         size. COPY into a temp table then INSERT ... SELECT was measured slower for our
         batch sizes (bench/store_insert.py --copy), as it needs an extra round trip.
         """
-        return set(map(tuple, await conn.fetch(sql, *_columns(rows), self.node_id)))
+        params = q.insert_parameters([p.tenant for p in rows], [p.row for p in rows], self.node_id)
+        return set(map(tuple, await conn.fetch(sql, *params)))
 
     async def _write_one_by_one(self, batch: list[Pending]) -> list[SaveResult]:
         """Each event under its own savepoint, so one event's failure fails only it."""
