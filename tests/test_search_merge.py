@@ -3,7 +3,8 @@
 PostgreSQL's GIN `fastupdate` appends new entries to a pending list and merges it into
 the index in bulk; left alone, the insert that grows the list past its limit merges it
 inside its batch, whose events then wait for that. The writer merges it itself after
-`search_clean_bytes` of searched content (relay.store.pgwriter). What is checked here is
+`search_clean_bytes` of searched content (relay.store.pgwriter), and its sessions let an
+insert merge it only past 16 MB. What is checked here is
 what a database shows: after the writer's merge nothing is left pending
 (`gin_clean_pending_list` merges no page), without it the entries are still pending, and
 either way the same rows are found by search.
@@ -61,6 +62,8 @@ async def test_the_writer_merges_the_pending_list_after_enough_content(
     content = sum(len(e.content) for e in events)  # the merge starts after the last one
     store = await PostgresStore.open(database_url, Settings(search_clean_bytes=content))
     try:
+        # an insert merges the list only past 16 MB: the writer's merges are the cadence
+        assert await store._pool.fetchval("SHOW gin_pending_list_limit") == "16MB"
         await store_each(store, events[:-1])
         assert store._cleaning is None  # not enough content yet
         await store_each(store, events[-1:])
@@ -79,6 +82,7 @@ async def test_without_the_setting_the_entries_stay_pending(
     events = notes(make_event)
     store = await PostgresStore.open(database_url, Settings(search_clean_bytes=0))
     try:
+        assert await store._pool.fetchval("SHOW gin_pending_list_limit") == "4MB"
         await store_each(store, events)
         assert store._cleaning is None
         assert await found(store, "lighthouse") == {e.id for e in events}

@@ -90,6 +90,17 @@ class Pending:
         return beats(a[2], a[0], b[2], b[0])
 
 
+# With the writer merging the search index's pending list itself (`search_clean_bytes`),
+# an insert merges it only past this: four times the list the writer lets grow, a safety
+# net for a writer that falls behind, never the batches' cadence.
+_PENDING_LIST_LIMIT = "16MB"
+
+
+def session_settings(settings: Settings) -> dict[str, str]:
+    """Settings of the store's database sessions (PostgreSQL's startup parameters)."""
+    return {"gin_pending_list_limit": _PENDING_LIST_LIMIT} if settings.search_clean_bytes else {}
+
+
 class PostgresWriter(ByEnqueue, PostgresBase):
     """The writes of PostgresStore (EventWrites)."""
 
