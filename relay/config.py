@@ -154,6 +154,15 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # per kind-1 note (to_tsvector, stored in `words`, and the GIN entries; `bench
     # pgindex`); other kinds store an empty copy.
     search_kinds: list[int] | None = None
+    # The search index's pending list (GIN fastupdate) is merged into the index by a
+    # statement of the writer's own once this many bytes of searched content were stored
+    # since the last merge (relay.store.pgwriter), off the OK path: left to PostgreSQL, the
+    # insert that grows the list past gin_pending_list_limit (4 MB) merges it in its batch,
+    # which waited 0.6-1.3 s (issue 47, sustained profile); the store's sessions raise that
+    # limit to 16 MB instead. A list holds ~4 bytes per byte of content, so 1 MiB merges
+    # about as often as PostgreSQL alone: smaller merges cost more per entry (every 2,000
+    # notes: +30 % PostgreSQL CPU and +90 % WAL per EVENT; no list: +150 %). 0: PostgreSQL's.
+    search_clean_bytes: int = 1024 * 1024
     # BIP-340 checks in a worker process beside the relay (relay.verifyproc), so the event
     # loop and the check use two cores; off: `verify_threads` threads beside the loop, or
     # inline when that is 0 (docs/OPERATING.md "Ingest tuning").

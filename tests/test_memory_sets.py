@@ -41,7 +41,7 @@ from cli.nostr.identity import Identity, load_identity
 from engram import Core, Memory, Tombstone, build_event
 from engram.nip01 import Event, pubkey_of
 from relay.store import DEFAULT_TENANT
-from relay.store.sqlwrite import INSERT_REGULAR, encode_row
+from relay.store.sqlwrite import INSERT_REGULAR, encode_row, insert_parameters
 
 # --- helpers ----------------------------------------------------------------------------
 
@@ -132,8 +132,8 @@ async def archive(
         for start in range(0, len(events), 5_000):
             chunk = events[start : start + 5_000]
             rows = [encode_row(e, msgspec.json.encode(e)) for e in chunk]
-            columns = [[DEFAULT_TENANT] * len(rows), *(list(c) for c in zip(*rows, strict=True))]
-            await conn.fetch(INSERT_REGULAR, *columns, "test")
+            tenants = [DEFAULT_TENANT] * len(rows)
+            await conn.fetch(INSERT_REGULAR, *insert_parameters(tenants, rows, "test"))
     finally:
         await conn.close()
     relay.stop()

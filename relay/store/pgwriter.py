@@ -90,17 +90,15 @@ class Pending:
         return beats(a[2], a[0], b[2], b[0])
 
 
-def _columns(batch: list[Pending]) -> list[list[Any]]:
-    """Per-column arrays for the unnest() insert ($1 tenant, then the Row fields).
+# With the writer merging the search index's pending list itself (`search_clean_bytes`),
+# an insert merges it only past this: four times the list the writer lets grow, a safety
+# net for a writer that falls behind, never the batches' cadence.
+_PENDING_LIST_LIMIT = "16MB"
 
-    A column that is NULL on every row (`d`, `owner`, `expires_at` of a batch of notes)
-    goes as an empty array: unnest() pads a shorter array with NULLs, and asyncpg
-    spends ~0.3 us encoding each NULL element (bench/RESULTS-HISTORY.md, issue 24)."""
-    n = len(batch)
-    columns: list[list[Any]] = [[p.tenant for p in batch]]
-    for i, c in enumerate(zip(*(p.row for p in batch), strict=True)):
-        columns.append([] if i in q.ROW_NULLABLE and c.count(None) == n else list(c))
-    return columns
+
+def session_settings(settings: Settings) -> dict[str, str]:
+    """Settings of the store's database sessions (PostgreSQL's startup parameters)."""
+    return {"gin_pending_list_limit": _PENDING_LIST_LIMIT} if settings.search_clean_bytes else {}
 
 
 class PostgresWriter(ByEnqueue, PostgresBase):
@@ -118,6 +116,9 @@ class PostgresWriter(ByEnqueue, PostgresBase):
         self._write_concurrency = max(1, settings.write_concurrency)
         kinds = settings.search_kinds
         self._search_kinds = None if kinds is None else frozenset(kinds)
+        self._clean_bytes = max(0, settings.search_clean_bytes)
+        self._unclean = 0  # bytes of searched content stored since the last merge began
+        self._cleaning: asyncio.Task[None] | None = None
 
     def _start_writers(self) -> None:
         # Several writers: while one batch waits for its commit (fsync), the next is being
@@ -133,6 +134,8 @@ class PostgresWriter(ByEnqueue, PostgresBase):
         self._wakeup.set()
         if self._writers:  # a cancelled writer answered its events (_writer_failed)
             await asyncio.gather(*self._writers, return_exceptions=True)
+        if self._cleaning is not None:  # before the pool closes under it
+            await asyncio.gather(self._cleaning, return_exceptions=True)
 
     def enqueue(self, event: Event, raw: bytes, tenant: str, done: Saved) -> None:
         """`done(result)` after the batch holding the event commits (EventStore.enqueue);
@@ -177,10 +180,34 @@ class PostgresWriter(ByEnqueue, PostgresBase):
                     raise
                 continue
             self._written(batch)
-            if any(r.status is SaveStatus.STORED for r in results):
+            stored = [
+                p for p, r in zip(batch, results, strict=True) if r.status is SaveStatus.STORED
+            ]
+            if stored:
                 self._wake_nodes()
+                self._stored_searched(sum(len(p.row[7]) for p in stored))
             for p, result in zip(batch, results, strict=True):
                 p.answer(result)
+
+    def _stored_searched(self, content: int) -> None:
+        """`content` characters of searched content stored: past `search_clean_bytes`
+        since the last merge, the search index's pending list is merged by a statement of
+        its own (one at a time), so that no batch's insert does it and waits
+        (sqlwrite.CLEAN_SEARCH_PENDING)."""
+        self._unclean += content
+        if not self._clean_bytes or self._unclean < self._clean_bytes or self._cleaning:
+            return
+        self._unclean = 0
+        self._cleaning = asyncio.create_task(self._clean_search(), name="engram-search-merge")
+
+    async def _clean_search(self) -> None:
+        try:
+            async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
+                await conn.execute(q.CLEAN_SEARCH_PENDING)
+        except Exception as exc:  # the inserts merge it then, as PostgreSQL does alone
+            log.warning("search index merge failed: %s", failure(exc))
+        finally:
+            self._cleaning = None
 
     def _written(self, batch: list[Pending]) -> None:
         """Before any answer or live delivery: what the batch may have changed is read
@@ -362,7 +389,8 @@ class PostgresWriter(ByEnqueue, PostgresBase):
         size. COPY into a temp table then INSERT ... SELECT was measured slower for our
         batch sizes (bench/store_insert.py --copy), as it needs an extra round trip.
         """
-        return set(map(tuple, await conn.fetch(sql, *_columns(rows), self.node_id)))
+        params = q.insert_parameters([p.tenant for p in rows], [p.row for p in rows], self.node_id)
+        return set(map(tuple, await conn.fetch(sql, *params)))
 
     async def _write_one_by_one(self, batch: list[Pending]) -> list[SaveResult]:
         """Each event under its own savepoint, so one event's failure fails only it."""

@@ -19,7 +19,7 @@ from relay.store.migrate import apply_migrations
 from relay.store.pgbus import PostgresBusRows
 from relay.store.pgcontrol import PostgresControl
 from relay.store.pgreader import PostgresReader
-from relay.store.pgwriter import PostgresWriter
+from relay.store.pgwriter import PostgresWriter, session_settings
 
 _CONNECT_TIMEOUT = 10.0  # seconds to open a connection; a dead host must not hang writes
 _COMMAND_TIMEOUT = 60.0  # seconds per statement
@@ -55,6 +55,7 @@ class PostgresStore(PostgresWriter, PostgresReader, PostgresControl, PostgresBus
             timeout=_CONNECT_TIMEOUT,
             command_timeout=_COMMAND_TIMEOUT,
             reset=_keep_session,
+            server_settings=session_settings(settings),
         )
         try:
             async with pool.acquire() as conn:

@@ -7,6 +7,8 @@ The tag index's encoding is relay.store.tagindex, shared with the read side.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from engram.kinds import KIND_DELETION, is_addressable, is_ephemeral, is_replaceable
 from engram.nip01 import Event, is_hex
 from engram.nip62 import KIND_GIFT_WRAP, KIND_VANISH
@@ -26,13 +28,23 @@ _COLUMNS = (
     "tenant, id, pubkey, created_at, kind, d, owner, tagvals, content, raw, expires_at,"
     " origin, words"
 )
+# The batch's columns (`insert_parameters`): the always-present ones as a few values for
+# the whole batch, not an array element per row and column: asyncpg spent ~1 us of the
+# relay's CPU on each array element (~10 us an event over 11 arrays; issue 47), where a
+# text array literal or a concatenation costs it one copy. Ids and pubkeys are the
+# concatenation of their 32 bytes, raw the concatenation of the events (each its length,
+# $13); tenants, created_at, kind, tag keys and content are array literals parsed by
+# PostgreSQL (pg_text_array). `d`, `owner` and `expires_at`, NULL on most rows, stay arrays.
 _UNNEST = (
     "SELECT t.tenant, t.id, t.pubkey, t.created_at, t.kind, t.d, t.owner, t.tagvals::text[],"
     " '', t.raw, t.expires_at, $12::text, to_tsvector('simple', t.content)"
-    " FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::int8[], $5::int4[], $6::text[],"
-    " $7::bytea[], $8::text[], $9::text[], $10::bytea[], $11::int8[])"
-    " WITH ORDINALITY AS t(tenant, id, pubkey, created_at, kind, d, owner, tagvals, content,"
-    " raw, expires_at, ord)"
+    " FROM (SELECT u.*, substr($2::bytea, u.ord::int4 * 32 - 31, 32) AS id,"
+    " substr($3::bytea, u.ord::int4 * 32 - 31, 32) AS pubkey,"
+    " substr($10::bytea, u.start, u.len) AS raw"
+    " FROM unnest($1::text::text[], $4::text::int8[], $5::text::int4[], $6::text[],"
+    " $7::bytea[], $8::text::text[], $9::text::text[], $13::text::int4[], $14::text::int4[],"
+    " $11::int8[]) WITH ORDINALITY AS u(tenant, created_at, kind, d, owner, tagvals, content,"
+    " start, len, expires_at, ord)) AS t"
 )
 # Rows are inserted (and locked) in the caller's order, sorted by key or address, even
 # through the anti-joins below: concurrent batches then lock in one order and cannot
@@ -158,6 +170,13 @@ DELETE_ADDRESSES = (
     " AND e.kind = t.kind AND e.d = t.d AND e.created_at <= t.until"
 )
 
+# The search index's pending list (GIN fastupdate: new entries are appended to a list,
+# then merged into the index in bulk) merged now, by a statement of its own. Otherwise the
+# insert that grows the list past gin_pending_list_limit merges it inside its batch, which
+# then waits 0.6-1.3 s for its commit (issue 47); an insert that finds a merge running
+# leaves the list to it, so a merge here never blocks the batches.
+CLEAN_SEARCH_PENDING = "SELECT gin_clean_pending_list('events_words'::regclass)"
+
 PURGE_EXPIRED = (
     "DELETE FROM events WHERE ctid = ANY(ARRAY(SELECT ctid FROM events"
     " WHERE expires_at IS NOT NULL AND expires_at <= $1 LIMIT $2))"
@@ -172,7 +191,7 @@ def owner_column(tags: list[list[str]]) -> bytes | None:
     return None if to is None else bytes.fromhex(to)
 
 
-def pg_text_array(values: list[str]) -> str:
+def pg_text_array(values: Sequence[str]) -> str:
     """A Postgres array literal (passed as a parameter, cast with ::text[] in SQL).
 
     Needed because unnest() cannot carry a ragged per-row array; values never hold NUL
@@ -185,7 +204,45 @@ def pg_text_array(values: list[str]) -> str:
 
 # (id, pubkey, created_at, kind, d, owner, tagvals literal, content, raw, expires_at)
 Row = tuple[bytes, bytes, int, int, str | None, bytes | None, str, str, bytes, int | None]
-ROW_NULLABLE = frozenset({4, 5, 9})  # the Row fields that may be None: d, owner, expires_at
+
+
+def _int_array(values: Sequence[int]) -> str:
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def _nullable(values: tuple[object, ...]) -> list[object]:
+    """A column NULL on most rows, as an array: empty when NULL on every row (unnest()
+    pads a shorter array with NULLs, and asyncpg spends ~0.3 us on each NULL element)."""
+    return [] if values.count(None) == len(values) else list(values)
+
+
+def insert_parameters(tenants: list[str], rows: list[Row], origin: str) -> list[object]:
+    """The parameters of INSERT_REGULAR and INSERT_REPLACEABLE for `rows`, in order, each
+    of `tenants` (see _UNNEST for their form)."""
+    ids, pubkeys, created, kinds, ds, owners, tagvals, contents, raws, expires = zip(
+        *rows, strict=True
+    )
+    lengths = [len(r) for r in raws]
+    starts, at = [], 1
+    for n in lengths:
+        starts.append(at)
+        at += n
+    return [
+        pg_text_array(tenants),
+        b"".join(ids),
+        b"".join(pubkeys),
+        _int_array(created),
+        _int_array(kinds),
+        _nullable(ds),
+        _nullable(owners),
+        pg_text_array(tagvals),
+        pg_text_array(contents),
+        b"".join(raws),
+        _nullable(expires),
+        origin,
+        _int_array(starts),
+        _int_array(lengths),
+    ]
 
 
 def deletion_targets(event: Event) -> tuple[list[bytes], list[tuple[int, str]]]:
