@@ -24,7 +24,14 @@ import msgspec
 from relay import metrics, policy, wire
 from relay.config import Limits, Settings
 from relay.fanout import FanOut, Subscription
-from relay.filters import Filter, FilterError, parse_filter, restrict_search, value_count
+from relay.filters import (
+    Filter,
+    FilterError,
+    from_plain,
+    parse_filter,
+    restrict_search,
+    value_count,
+)
 from relay.ratelimit import ConnectionAllowance, RateLimiter
 from relay.readgate import ReadGate
 from relay.session import Session
@@ -214,10 +221,16 @@ class Reads:
             return wire.closed(sub_id, Reason.INVALID("REQ needs at least one filter"))
         if len(raws) > lim.max_filters:
             return wire.closed(sub_id, Reason.INVALID(f"too many filters (max {lim.max_filters})"))
-        try:
-            filters = [parse_filter(bytes(r), lim) for r in raws]
-        except FilterError as exc:
-            return wire.closed(sub_id, Reason.INVALID(str(exc)))
+        filters = None
+        if type(raws) is wire.PlainFilters:  # decoded by wire's fast path
+            filters = [from_plain(p, lim) for p in raws]
+            if None in filters:  # one is refused: parse_filter says why
+                filters, raws = None, wire.raw_filters(raws.frame)
+        if filters is None:
+            try:
+                filters = [parse_filter(bytes(r), lim) for r in raws]
+            except FilterError as exc:
+                return wire.closed(sub_id, Reason.INVALID(str(exc)))
         values = sum(map(value_count, filters))
         if values > lim.max_req_values:
             return wire.closed(
