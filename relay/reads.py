@@ -128,6 +128,9 @@ class Reads:
         when the connection's queue is full."""
         # Handed over without a pause while the connection takes them; only an await
         # (a full queue) lets a CLOSE or a live overflow end the subscription meanwhile.
+        if session.offer_events(sub.prefix, rows, wire.eose(sub_id)):  # all, and EOSE
+            self._live(tenant, sub, rows, started)
+            return None
         frames = [wire.event_frame(sub.prefix, raw) for raw in rows]
         i = session.offer_all(frames)
         if i < len(frames):
@@ -163,8 +166,12 @@ class Reads:
         rows: list[bytes],
         started: float,
     ) -> None:
-        metrics.req_done(tenant.key, started)
         session.send(wire.eose(sub_id))
+        self._live(tenant, sub, rows, started)
+
+    def _live(self, tenant: Tenant, sub: Subscription, rows: list[bytes], started: float) -> None:
+        """After EOSE: the REQ is done, and its subscription live."""
+        metrics.req_done(tenant.key, started)
         # ids of what was sent only if something was published meanwhile (rarely)
         self.fanouts[tenant.key].go_live(
             sub, {wire.raw_id(raw) for raw in rows} if sub.pending else set()

@@ -504,6 +504,30 @@ class DirectSocket(asyncio.Protocol):
         self._out_bytes += written
         return i
 
+    def send_events(self, prefix: bytes, raws: list[bytes], last: bytes) -> bool:
+        """A REQ's stored events, each the text frame `prefix + raw + "]"`
+        (relay.wire.event_frame, never built apart: the parts go to the cork as they
+        are), then `last` (its EOSE): all of them, if they fit in this iteration's
+        output (`DIRECT_MAX`), else none (False: the caller sends them one by one)."""
+        if self.writing_paused or self.close_sent or self.closed:
+            return False
+        more = len(prefix) + 1
+        size = self._out_bytes + len(last) + more * len(raws)
+        for raw in raws:
+            size += len(raw)
+        if size > DIRECT_MAX:
+            return False
+        out = self._out
+        if not out:
+            _corker.add(self)
+        for raw in raws:
+            n = more + len(raw)
+            out += (_SHORT[n] if n < 126 else text_frame_header(n), prefix, raw, b"]")
+        n = len(last)
+        out += (_SHORT[n] if n < 126 else text_frame_header(n), last)
+        self._out_bytes = size
+        return True
+
     def take(self) -> bytes | None:
         """This iteration's output as one buffer (the cork emptied), None when there is
         none or it can no longer be written."""
