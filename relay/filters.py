@@ -233,5 +233,9 @@ def _frozen(values: list[Any] | None) -> tuple[Any, ...] | None:
 def match_key(f: Filter) -> tuple[Any, ...]:
     """Everything `matches` reads of a filter (not `limit`), hashable: filters with equal
     keys give equal verdicts for any event. Kept beside `matches`, which it mirrors."""
-    tags = tuple(sorted((letter, tuple(values)) for letter, values in f.tags.items()))
+    tags = (
+        tuple(sorted((letter, tuple(values)) for letter, values in f.tags.items()))
+        if f.tags
+        else ()
+    )
     return (_frozen(f.ids), _frozen(f.authors), _frozen(f.kinds), tags, f.since, f.until, f.search)
