@@ -228,11 +228,15 @@ class Reads:
             return wire.closed(sub_id, Reason.INVALID("REQ needs at least one filter"))
         if len(raws) > lim.max_filters:
             return wire.closed(sub_id, Reason.INVALID(f"too many filters (max {lim.max_filters})"))
-        filters = None
+        filters: list[Filter] | None = None
         if type(raws) is wire.PlainFilters:  # decoded by wire's fast path
-            filters = [from_plain(p, lim) for p in raws]
-            if None in filters:  # one is refused: parse_filter says why
-                filters, raws = None, wire.raw_filters(raws.frame)
+            filters = []
+            for p in raws:
+                f = from_plain(p, lim)
+                if f is None:  # refused: parse_filter says why
+                    filters, raws = None, wire.raw_filters(raws.frame)
+                    break
+                filters.append(f)
         if filters is None:
             try:
                 filters = [parse_filter(bytes(r), lim) for r in raws]

@@ -96,10 +96,7 @@ class PlainFilters(list[PlainFilter]):
     (`raw_filters`) when one of them must be refused, for parse_filter's error."""
 
     __slots__ = ("frame",)
-
-    def __init__(self, filters: list[PlainFilter], frame: bytes | str) -> None:
-        super().__init__(filters)
-        self.frame = frame
+    frame: bytes | str
 
 
 # A REQ or COUNT of one to four filters; a further filter or a null fails (the defaults
@@ -195,15 +192,14 @@ def _fast(frame: str) -> Message | None:
             r = _req.decode(frame)
             if r.verb not in ("REQ", "COUNT") or not r.sub_id:
                 return None
-            filters = [r.f0]
-            for f in (r.f1, r.f2, r.f3):
-                if f is None:
-                    break
-                filters.append(f)
-            return (ReqMsg if r.verb == "REQ" else CountMsg)(
-                r.sub_id,
-                PlainFilters(filters, frame),  # type: ignore[arg-type]
-            )
+            filters = PlainFilters((r.f0,))
+            filters.frame = frame
+            if r.f1 is not None:
+                for f in (r.f1, r.f2, r.f3):
+                    if f is None:
+                        break
+                    filters.append(f)
+            return (ReqMsg if r.verb == "REQ" else CountMsg)(r.sub_id, filters)  # type: ignore[arg-type]
         if frame.startswith('["CLOSE",'):
             c = _close.decode(frame)
             return CloseMsg(c.sub_id) if c.verb == "CLOSE" and c.sub_id else None
