@@ -63,17 +63,22 @@ class Subscription:
         self.sub_id = sub_id
         self.filters = filters
         self.prefix = sub_prefix(sub_id)
-        # each filter's search words (None: no search), tokenized once; None: no search
-        terms = [None if f.search is None else query_words(f.search) for f in filters]
-        self.terms = terms if any(t is not None for t in terms) else None
-        self.keys: list[IndexKey] = []
         self.words: list[str] = []  # index words of the filters indexed by their search
-        for f, t in zip(filters, terms, strict=True):
-            if t and _by_word(f):
-                self.words.append(t[0])  # the longest: likely the rarest
-            else:
-                self.keys += _index_keys(f)
-        self.match_key = tuple(map(match_key, filters))
+        if len(filters) == 1 and filters[0].search is None:  # the commonest REQ
+            self.terms = None
+            self.keys: list[IndexKey] = _index_keys(filters[0])
+            self.match_key: tuple[Hashable, ...] = (match_key(filters[0]),)
+        else:
+            # each filter's search words (None: no search), tokenized once; None: no search
+            terms = [None if f.search is None else query_words(f.search) for f in filters]
+            self.terms = terms if any(t is not None for t in terms) else None
+            self.keys = []
+            for f, t in zip(filters, terms, strict=True):
+                if t and _by_word(f):
+                    self.words.append(t[0])  # the longest: likely the rarest
+                else:
+                    self.keys += _index_keys(f)
+            self.match_key = tuple(map(match_key, filters))
         self.match_class = 0  # set by FanOut.subscribe: equal match_key, equal class
         self.pending: list[tuple[str, bytes]] | None = [] if pending else None
         self.pending_bytes = 0
@@ -146,9 +151,10 @@ class FanOut:
         self, conn: Subscriber, sub_id: str, filters: list[Filter], pending: bool = False
     ) -> Subscription:
         """Add (or replace) a subscription."""
-        self.unsubscribe(conn, sub_id)
-        sub = Subscription(conn, sub_id, filters, pending)
         sk = (id(conn), sub_id)
+        if sk in self._subs:
+            self.unsubscribe(conn, sub_id)
+        sub = Subscription(conn, sub_id, filters, pending)
         self._subs[sk] = sub
         self._by_conn[id(conn)].add(sub_id)
         entry = self._classes.get(sub.match_key)

@@ -13,6 +13,7 @@ import msgspec
 
 from engram.nip01 import Event, is_hex
 from relay.config import MEMORY_KINDS, Limits
+from relay.wire import PlainFilter
 
 _decode_obj = msgspec.json.Decoder(dict[str, Any])
 _MAX_INT = 2**63 - 1
@@ -104,6 +105,38 @@ def parse_filter(raw: bytes | dict[str, Any], limits: Limits) -> Filter:
         else:
             raise FilterError(f"unknown filter field {key[:20]!r}")
     return f
+
+
+# --- the fast path: a filter without tags, decoded in one C call (relay.wire) ----------
+
+
+def from_plain(p: PlainFilter, limits: Limits) -> Filter | None:
+    """`parse_filter`'s Filter for a decoded PlainFilter, or None when parse_filter would
+    refuse it (the caller parses it that way then, for the error)."""
+    most = limits.max_filter_values
+    for values in (p.ids, p.authors):
+        if values is not None:
+            if len(values) > most:
+                return None
+            for v in values:
+                if not is_hex(v, 64):
+                    return None
+    if p.kinds is not None and len(p.kinds) > most:
+        return None
+    if p.search is not None:
+        try:
+            _search(p.search, limits)
+        except FilterError:
+            return None
+    return Filter(
+        ids=p.ids,
+        authors=p.authors,
+        kinds=p.kinds,
+        since=p.since,
+        until=p.until,
+        limit=p.limit,
+        search=p.search,
+    )
 
 
 def query_words(query: str) -> tuple[str, ...]:
@@ -200,5 +233,9 @@ def _frozen(values: list[Any] | None) -> tuple[Any, ...] | None:
 def match_key(f: Filter) -> tuple[Any, ...]:
     """Everything `matches` reads of a filter (not `limit`), hashable: filters with equal
     keys give equal verdicts for any event. Kept beside `matches`, which it mirrors."""
-    tags = tuple(sorted((letter, tuple(values)) for letter, values in f.tags.items()))
+    tags = (
+        tuple(sorted((letter, tuple(values)) for letter, values in f.tags.items()))
+        if f.tags
+        else ()
+    )
     return (_frozen(f.ids), _frozen(f.authors), _frozen(f.kinds), tags, f.since, f.until, f.search)

@@ -24,7 +24,14 @@ import msgspec
 from relay import metrics, policy, wire
 from relay.config import Limits, Settings
 from relay.fanout import FanOut, Subscription
-from relay.filters import Filter, FilterError, parse_filter, restrict_search, value_count
+from relay.filters import (
+    Filter,
+    FilterError,
+    from_plain,
+    parse_filter,
+    restrict_search,
+    value_count,
+)
 from relay.ratelimit import ConnectionAllowance, RateLimiter
 from relay.readgate import ReadGate
 from relay.session import Session
@@ -121,6 +128,9 @@ class Reads:
         when the connection's queue is full."""
         # Handed over without a pause while the connection takes them; only an await
         # (a full queue) lets a CLOSE or a live overflow end the subscription meanwhile.
+        if session.offer_events(sub.prefix, rows, wire.eose(sub_id)):  # all, and EOSE
+            self._live(tenant, sub, rows, started)
+            return None
         frames = [wire.event_frame(sub.prefix, raw) for raw in rows]
         i = session.offer_all(frames)
         if i < len(frames):
@@ -156,8 +166,12 @@ class Reads:
         rows: list[bytes],
         started: float,
     ) -> None:
-        metrics.req_done(tenant.key, started)
         session.send(wire.eose(sub_id))
+        self._live(tenant, sub, rows, started)
+
+    def _live(self, tenant: Tenant, sub: Subscription, rows: list[bytes], started: float) -> None:
+        """After EOSE: the REQ is done, and its subscription live."""
+        metrics.req_done(tenant.key, started)
         # ids of what was sent only if something was published meanwhile (rarely)
         self.fanouts[tenant.key].go_live(
             sub, {wire.raw_id(raw) for raw in rows} if sub.pending else set()
@@ -214,10 +228,20 @@ class Reads:
             return wire.closed(sub_id, Reason.INVALID("REQ needs at least one filter"))
         if len(raws) > lim.max_filters:
             return wire.closed(sub_id, Reason.INVALID(f"too many filters (max {lim.max_filters})"))
-        try:
-            filters = [parse_filter(bytes(r), lim) for r in raws]
-        except FilterError as exc:
-            return wire.closed(sub_id, Reason.INVALID(str(exc)))
+        filters: list[Filter] | None = None
+        if type(raws) is wire.PlainFilters:  # decoded by wire's fast path
+            filters = []
+            for p in raws:
+                f = from_plain(p, lim)
+                if f is None:  # refused: parse_filter says why
+                    filters, raws = None, wire.raw_filters(raws.frame)
+                    break
+                filters.append(f)
+        if filters is None:
+            try:
+                filters = [parse_filter(bytes(r), lim) for r in raws]
+            except FilterError as exc:
+                return wire.closed(sub_id, Reason.INVALID(str(exc)))
         values = sum(map(value_count, filters))
         if values > lim.max_req_values:
             return wire.closed(

@@ -7,7 +7,8 @@ to its first EVENT.
 
 Transport-agnostic: the transport passes in `send` (non-blocking, enqueue or drop the
 connection), `send_wait` (await room in the connection's bounded queue) and `offer`
-(send_wait's synchronous fast path: False when it would have to wait).
+(send_wait's synchronous fast path: False when it would have to wait), and may pass
+`offer_events` (a REQ's whole answer in one call when its socket takes it now).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Session:
         "_challenge",
         "_offer",
         "_offer_all",
+        "_offer_events",
         "_send",
         "_send_wait",
         "admitted",
@@ -63,6 +65,7 @@ class Session:
         *,
         offer_all: Callable[[list[bytes], int], int] | None = None,
         local: tuple[str, int] | None = None,
+        offer_events: Callable[[bytes, list[bytes], bytes], bool] | None = None,
     ) -> None:
         self._challenge = challenge  # None: made when first needed (most never are)
         self.challenged = False  # the challenge was sent
@@ -85,6 +88,7 @@ class Session:
         self._send_wait = send_wait
         self._offer = offer
         self._offer_all = offer_all or functools.partial(offer_each, offer)
+        self._offer_events = offer_events
 
     @property
     def challenge(self) -> str:
@@ -126,6 +130,15 @@ class Session:
         """`offer` for `frames[start:]`: the index of the first frame not taken (await
         `send_wait` for it), len(frames) once all were."""
         return len(frames) if self.closed else self._offer_all(frames, start)
+
+    def offer_events(self, prefix: bytes, raws: list[bytes], last: bytes) -> bool:
+        """A REQ's stored events (each frame `prefix + raw + "]"`, relay.wire.event_frame)
+        and `last` (its EOSE) in one call, all of them or none (False: the caller sends
+        them frame by frame), when the socket takes them now."""
+        if self.closed:
+            return True
+        offer = self._offer_events
+        return offer is not None and offer(prefix, raws, last)
 
     async def send_wait(self, frame: bytes) -> None:
         """Waits for queue room: bulk stored results must not look like a slow reader."""

@@ -81,6 +81,14 @@ class Connection(OutputQueue):
             i = direct.send_texts_now(frames, i)
         return offer_each(self.offer, frames, i)
 
+    def offer_events(self, prefix: bytes, raws: list[bytes], last: bytes) -> bool:
+        """A REQ's stored events and EOSE straight to the direct socket, all or none
+        (relay.wsserver.DirectSocket.send_events); False: nothing was taken."""
+        direct = self.direct
+        if direct is None or self.frames or self.dropped is not None:
+            return False
+        return bool(direct.send_events(prefix, raws, last))
+
     async def send_wait(self, frame: bytes) -> None:
         """Queue a frame, waiting for room: stored REQ results use backpressure, not drops."""
         while not self.offer(frame):
@@ -182,6 +190,7 @@ async def serve_websocket(ws: WebSocket, relay: Relay, tenant: Tenant) -> None:
         allowance,
         offer_all=conn.offer_all,
         local=local_address(ws),
+        offer_events=conn.offer_events,
     )
     if not allowance.exempt:
         allowance.address.sessions.add(session)

@@ -51,6 +51,8 @@ log = logging.getLogger("engram.transport")
 DIRECT_MAX = 32 * 1024
 KEEPALIVE_TICK = 1.0  # seconds between two ticks of the keepalive wheel (at most)
 _SHORT = [text_frame_header(n) for n in range(126)]  # headers of payloads under 126 bytes
+
+
 # helper threads that write with the loop's thread when many sockets have output at once
 # (`_Corker`): one per core beyond the first, at most 3; and how many sockets make it
 # worth waking them (128 writes are ~1.5 ms of kernel time, a hand-off ~0.05 ms)
@@ -503,6 +505,38 @@ class DirectSocket(asyncio.Protocol):
             i += 1
         self._out_bytes += written
         return i
+
+    def send_events(self, prefix: bytes, raws: list[bytes], last: bytes) -> bool:
+        """A REQ's stored events, each the text frame `prefix + raw + "]"`
+        (relay.wire.event_frame, never built apart: the parts go to the cork as they
+        are), then `last` (its EOSE): all of them, or none (False: the caller sends them
+        one by one, through the queue for what the socket does not take). When they do
+        not fit beside what this iteration already corked (`DIRECT_MAX`), that goes to
+        the socket first, now, and they are corked after it: several REQs read in one
+        iteration (a client with 8 in flight) cost a write each of up to DIRECT_MAX
+        rather than a trip of their frames through the queue."""
+        if self.writing_paused or self.close_sent or self.closed:
+            return False
+        more = len(prefix) + 1
+        size = len(last) + more * len(raws)
+        for raw in raws:
+            size += len(raw)
+        if self._out_bytes + size > DIRECT_MAX:
+            if size > DIRECT_MAX or not self._out:
+                return False
+            self.flush()  # `_corker` finds the cork empty, or this answer in it
+            if self.writing_paused or self.close_sent or self.closed:
+                return False
+        out = self._out
+        if not out:
+            _corker.add(self)
+        for raw in raws:
+            n = more + len(raw)
+            out += (_SHORT[n] if n < 126 else text_frame_header(n), prefix, raw, b"]")
+        n = len(last)
+        out += (_SHORT[n] if n < 126 else text_frame_header(n), last)
+        self._out_bytes += size
+        return True
 
     def take(self) -> bytes | None:
         """This iteration's output as one buffer (the cork emptied), None when there is

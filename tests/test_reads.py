@@ -32,6 +32,11 @@ def frame(msg: list[Any]) -> bytes:
 
 def read_message(sock: socket.socket, buf: bytearray) -> list[Any]:
     """The next server message (unmasked text frames) from a blocking socket."""
+    return json.loads(read_payload(sock, buf))  # type: ignore[no-any-return]
+
+
+def read_payload(sock: socket.socket, buf: bytearray) -> bytes:
+    """The next server text frame's payload, as sent."""
 
     def need(n: int) -> None:
         while len(buf) < n:
@@ -51,7 +56,7 @@ def read_message(sock: socket.socket, buf: bytearray) -> list[Any]:
     need(head + length)
     payload = bytes(buf[head : head + length])
     del buf[: head + length]
-    return json.loads(payload)  # type: ignore[no-any-return]
+    return payload
 
 
 def until_eose(sock: socket.socket, buf: bytearray, sub_id: str) -> list[list[Any]]:
@@ -126,3 +131,46 @@ async def test_deleted_event_not_served_again(relay: Any) -> None:
         assert (await c.publish(request))[2] is True
         for _ in range(2):
             assert [e["id"] for e in await c.query(flt)] == [request.id, kept.id]
+
+
+async def test_stored_answer_whole_or_frame_by_frame(relay: Any) -> None:
+    """A REQ's stored events and EOSE, byte for byte `["EVENT",<sub>,<event as stored>]`
+    and newest first, whether the answer fits in the connection's output of one loop
+    iteration (sent in one call, relay.wsserver.DirectSocket.send_events) or not (over
+    32 KiB: frame by frame, through the queue), read from the store or from memory."""
+    now = int(time.time())
+    sk = bytes([0x70]) * 32
+    events = [
+        sign_event(sk, now - 100 + i, 1, [], f"{i:03d} " + "x" * 1200, bytes(32)) for i in range(40)
+    ]
+    async with await Client.connect(relay.url) as pub:
+        for ev in events:
+            assert (await pub.publish(ev))[2] is True
+    newest = [e.id for e in reversed(events)]
+    sock = await asyncio.to_thread(raw_ws, relay.port, 1 << 20)
+    buf = bytearray()
+
+    def payloads(sub: str) -> list[bytes]:
+        """Raw payloads of the server's text frames up to `sub`'s EOSE."""
+        eose = json.dumps(["EOSE", sub], separators=(",", ":")).encode()
+        out = [read_payload(sock, buf)]
+        while out[-1] != eose:
+            out.append(read_payload(sock, buf))
+        return out
+
+    try:
+        for limit in (5, 40, 5, 40):  # the first of each: the store; then memory
+            sub = f"s{limit}"
+            f = {"authors": [pubkey_of(sk)], "limit": limit}
+            await asyncio.to_thread(sock.sendall, frame(["REQ", sub, f]))
+            got = await asyncio.to_thread(payloads, sub)
+            prefix = b'["EVENT","' + sub.encode() + b'",'
+            assert len(got) == limit + 1
+            assert all(p.startswith(prefix) and p.endswith(b"]") for p in got[:-1])
+            assert [json.loads(p)[2]["id"] for p in got[:-1]] == newest[:limit]
+            assert [json.loads(p[len(prefix) : -1]) for p in got[:-1]] == [
+                json.loads(p)[2] for p in got[:-1]
+            ]
+            await asyncio.to_thread(sock.sendall, frame(["CLOSE", sub]))
+    finally:
+        sock.close()

@@ -133,13 +133,16 @@ class PostgresReader(PostgresBase):
     ) -> list[bytes] | None:
         """`query`'s answer from the cache as it is now (no fill, no I/O), or None."""
         cache = self.read_cache
-        if cache is None or not self.read_cache_current():
+        if cache is None or self.bus_held_back:  # read_cache_current, with one clock read
+            return None
+        clock = time.monotonic()
+        if clock - self._bus_current_at > self._bus_current_for:
             return None
         plans = plan_all(filters)
         if plans is None:
             return None
         v = bytes.fromhex(viewer) if viewer is not None and is_hex(viewer, 64) else None
-        got = cache.answer(plans, filters, tenant, v, int(time.time()), time.monotonic(), private)
+        got = cache.answer(plans, filters, tenant, v, int(time.time()), clock, private)
         if cache.due:
             self._refresh_due()
         return None if isinstance(got, Needs) else got
