@@ -59,7 +59,7 @@ from cli.nostr.paging import Fetched, fetch_all
 from cli.nostr.peer import Peer, Unsupported
 from cli.nostr.reconcile import reconcile_items
 from cli.nostr.relayset import _reason
-from engram import CORE_SLUG, KIND_ENGRAM, KIND_VERDICT, Head, beats, d_tag
+from engram import KIND_ENGRAM, KIND_VERDICT, Head, beats, d_tag
 from engram.live import Live, live_view, valid_at
 from engram.negentropy import Items
 from engram.nip01 import Event, is_hex
@@ -674,9 +674,8 @@ class Recall:
         if slug not in self.index.heads:
             self._slug_of_d[d_tag(self.identity.conversation_key, slug)] = slug
         meta = version.meta
-        value = version.text if slug != CORE_SLUG else None
         known = Known(
-            event_id, version.created_at, value, version.id, meta.trust, version.role,
+            event_id, version.created_at, version.text, version.id, meta.trust, version.role,
             meta.valid_from, meta.valid_until,
         )  # fmt: skip
         if self.index.apply_known([(slug, known)]):
@@ -694,14 +693,14 @@ def _items(heads: list[Known], seen: list[tuple[str, int]]) -> Items:
 
 
 def known_of(slug: str, live: Live) -> Known | None:
-    """What the index keeps of what a slug reads as: the value only when live (and not
-    core, which recall never ranks), with its version, trust and validity."""
+    """What the index keeps of what a slug reads as: the value only when live (core's
+    too: recall never ranks it, its people resolve names), with its version, trust and
+    validity."""
     v = live.version
     if v is None:
         return None
     meta = v.meta
-    value = live.text if slug != CORE_SLUG else None
     return Known(
-        v.event.id, v.created_at, value, v.id, meta.trust, v.role, meta.valid_from,
+        v.event.id, v.created_at, live.text, v.id, meta.trust, v.role, meta.valid_from,
         meta.valid_until,
     )  # fmt: skip
