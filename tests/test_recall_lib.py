@@ -355,3 +355,32 @@ def test_a_memory_is_found_by_the_name_core_gives_its_person_and_rebuilt_when_co
     assert lexical("Melanie") == [mel]
     index.put({"core": Known("f" * 64, 1_700_000_003, None)})
     assert lexical("Melanie") == [] and lexical("friend") == [] and lexical("Mel") == [mel]
+
+
+# --- the first build's shortcuts rank exactly as the plain way ---------------------------
+
+
+def test_rows_added_at_once_index_as_rows_added_one_by_one() -> None:
+    docs = [terms(t) for t in ("the cat sat on the mat", "", "a dog and a cat", "mat mat cat")]
+    one, many = Lexical(), Lexical()
+    for row, words in enumerate(docs):
+        one.add(row, words)
+    many.add_many(list(range(len(docs))), docs)
+    for query in (["cat"], ["mat", "dog"], ["sat"], ["absent"]):
+        assert np.array_equal(one.scores(query, 4), many.scores(query, 4)), query
+    a, b = one.export([0, 1, 2, 3]), many.export([0, 1, 2, 3])
+    assert a.vocab == b.vocab
+    for name in ("counts", "ids", "tfs", "lengths"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    nothing = Lexical()  # rows without a single term (a stop word for a value)
+    nothing.add_many([0, 1], [[], []])
+    assert len(nothing) == 2 and not nothing.scores(["cat"], 2).any()
+
+
+def test_texts_of_every_length_and_repeats_embed_as_each_alone() -> None:
+    embedder = load()
+    texts = ["Dana leads payments.", "", "x", "Dana leads payments.", "A longer one " * 9, "y"]
+    together = embedder.embed(texts)
+    alone = np.stack([embedder.embed([t])[0] for t in texts])
+    assert np.allclose(together, alone, atol=1e-6)
+    assert np.array_equal(together[0], together[3]) and not together[1].any()

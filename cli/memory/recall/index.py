@@ -306,9 +306,8 @@ class RecallIndex:
         if terms_of_live is not None:
             self.lexical.load(list(range(start, start + len(live))), terms_of_live)
             return
-        for offset, (slug, value) in enumerate(live):
-            text = doc_text(slug, value, known[slug].created_at, self.people)
-            self.lexical.add(start + offset, terms(text))
+        docs = [terms(doc_text(s, v, known[s].created_at, self.people)) for s, v in live]
+        self.lexical.add_many(list(range(start, start + len(live))), docs)
 
     def _core(self, k: Known) -> list[str]:
         """Take core's new head: its people (none unless it reads as live); the live
