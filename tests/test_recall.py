@@ -465,3 +465,36 @@ async def test_a_first_name_is_resolved_against_cores_people(
         assert await lexical(fresh, "Melanie") == []
         await fresh.close()
     await mem.close()
+
+
+async def test_a_first_build_of_many_pages_indexes_every_page(
+    relay: RelayProcess, tmp_path: Path
+) -> None:
+    """A page is indexed while the relay serves the next (`Recall._everything`): every
+    page of a read longer than the relay's max_limit (500) still ends up indexed, each
+    memory as written, and a second process reading the cache holds the same."""
+    from cli.nostr.client import connect_relay
+
+    keys = Keys.fresh()
+    n, base = 1_201, int(time.time()) - 5_000
+
+    def note(i: int) -> Memory:
+        return Memory(slug=f"mem/notes/n{i}", value=f"note {i} w{i}x")
+
+    events = [
+        build_event(keys.agent_sk, keys.owner, note(i), base + i, os.urandom(32), os.urandom(32))
+        for i in range(n)
+    ]
+    client = await connect_relay(relay.url, keys.agent_sk)
+    try:
+        assert all(ok for ok, _ in (await client.try_publish_many(events)).values())
+    finally:
+        await client.close()
+    for cache in (tmp_path / "cache", tmp_path / "cache"):  # a build, then its cache
+        mem = api(keys, relay.url, cache)
+        for i in (0, 1, 499, 500, 777, n - 1):  # each page's first and last
+            found = await mem.recall(f"w{i}x", limit=1)
+            assert found.hits[0].slug == f"mem/notes/n{i}", i
+        index = mem.recaller().index
+        assert index is not None and len(index) == n
+        await mem.close()

@@ -182,9 +182,15 @@ MODELS = {
 }
 
 
-@cache
 def load(name: str = DEFAULT_MODEL) -> Embedder:
-    """The embedder called `name` (loaded once per process)."""
+    """The embedder called `name` (loaded once per process: `load()` and `load(name)` of
+    the default are one load; a cache on `load` itself kept one for each spelling, and a
+    process that loaded the model first loaded it again when recall opened)."""
+    return _load(name)
+
+
+@cache
+def _load(name: str) -> Embedder:
     try:
         make = MODELS[name]
     except KeyError:
