@@ -421,3 +421,80 @@ async def test_acp_recall_injects_relevant_memories_and_nothing_when_the_relay_i
     [prompt] = run.received("session/prompt")
     assert prompt["prompt"] == [user_block(question)]
     assert "recall not injected" in run.diagnostics()
+
+
+def owner_api(keys: Keys, url: str) -> AgentMemory:
+    env = {"ENGRAM_PRIVATE_KEY": keys.owner_sk.hex()}
+    return AgentMemory(load_identity(None, None, keys.agent, env=env), [url], timeout=60)
+
+
+async def test_a_first_name_is_resolved_against_cores_people(
+    relay: RelayProcess, tmp_path: Path
+) -> None:
+    """Issue 49: core says who Mel is; a question by her full name or relation finds the
+    turn that calls her Mel, in this process, in the next (the cache) and in a fresh
+    build. Core no longer naming her (rewritten, or denied by the owner) undoes it."""
+    keys = Keys.fresh()
+    cache = tmp_path / "cache"
+    mem = api(keys, relay.url, cache)
+    mel, priya = "mem/chat/2024-03-02/001", "mem/chat/2024-03-02/002"
+    await mem.set(mel, "Mel: I got the job at the bakery on Dock Street!")
+    await mem.set(priya, "Priya: Congrats! My cousin starts at the harbour in May.")
+
+    async def lexical(m: AgentMemory, query: str) -> list[str]:
+        return [h.slug for h in (await m.recaller().recall(query, 10, "lexical")).hits]
+
+    assert await lexical(mem, "Melanie") == [] and await lexical(mem, "sister") == []
+    await mem.set("core", "I assist Sam. Mel is my sister Melanie; she bakes.")
+    # positive: the question names her as core does, the memory as the chat did
+    found = await mem.recall("Where did my sister Melanie get a job?", limit=3)
+    assert found.hits[0].slug == mel and "core" not in [h.slug for h in found.hits]
+    assert await lexical(mem, "Melanie") == [mel] and await lexical(mem, "sister") == [mel]
+    assert await lexical(mem, "Priya cousin") == [priya]  # a name core does not know
+    for fresh in (api(keys, relay.url, cache), api(keys, relay.url, tmp_path / "fresh")):
+        assert await lexical(fresh, "Melanie") == [mel]  # the cache's, and a new build's
+        await fresh.close()
+    # negative twins: core rewritten without her, then denied by the owner
+    await mem.set("core", "I assist Sam.")
+    assert await lexical(mem, "Melanie") == [] and await lexical(mem, "sister") == []
+    await mem.set("core", "I assist Sam. Mel is my sister Melanie.")
+    assert await lexical(mem, "Melanie") == [mel]
+    await owner_api(keys, relay.url).deny("core", reason="not who I am")
+    assert await lexical(mem, "Melanie") == [] and await lexical(mem, "sister") == []
+    for fresh in (api(keys, relay.url, cache), api(keys, relay.url, tmp_path / "after")):
+        assert await lexical(fresh, "Melanie") == []
+        await fresh.close()
+    await mem.close()
+
+
+async def test_a_first_build_of_many_pages_indexes_every_page(
+    relay: RelayProcess, tmp_path: Path
+) -> None:
+    """A page is indexed while the relay serves the next (`Recall._everything`): every
+    page of a read longer than the relay's max_limit (500) still ends up indexed, each
+    memory as written, and a second process reading the cache holds the same."""
+    from cli.nostr.client import connect_relay
+
+    keys = Keys.fresh()
+    n, base = 1_201, int(time.time()) - 5_000
+
+    def note(i: int) -> Memory:
+        return Memory(slug=f"mem/notes/n{i}", value=f"note {i} w{i}x")
+
+    events = [
+        build_event(keys.agent_sk, keys.owner, note(i), base + i, os.urandom(32), os.urandom(32))
+        for i in range(n)
+    ]
+    client = await connect_relay(relay.url, keys.agent_sk)
+    try:
+        assert all(ok for ok, _ in (await client.try_publish_many(events)).values())
+    finally:
+        await client.close()
+    for cache in (tmp_path / "cache", tmp_path / "cache"):  # a build, then its cache
+        mem = api(keys, relay.url, cache)
+        for i in (0, 1, 499, 500, 777, n - 1):  # each page's first and last
+            found = await mem.recall(f"w{i}x", limit=1)
+            assert found.hits[0].slug == f"mem/notes/n{i}", i
+        index = mem.recaller().index
+        assert index is not None and len(index) == n
+        await mem.close()

@@ -283,3 +283,104 @@ def test_speakers_names_leave_the_questions_vector_other_names_stay() -> None:
     )
     assert unnamed("Where does Rex sleep?", index._speakers) == "Where does Rex sleep?"
     assert unnamed("Ana", index._speakers) == "Ana"  # nothing left: kept as asked
+
+
+# --- core's people (issue 49: a first name resolved against core's people) ------------
+
+
+def test_core_names_people_by_a_relation_or_a_second_name_only() -> None:
+    from cli.memory.recall.people import People
+
+    people = People(
+        "I assist Sam Reyes, the user. Mel is my older sister Melanie; her husband is Tom.\n"
+        "- Dana Okafor (my manager) approves leave. Robert, aka Bob, is a neighbour.\n"
+        "We moved to Berlin with Priya and Jonas. June is my aunt. Alex is my boss, and "
+        "Alex is my cousin too."
+    )
+    assert people.resolved("Mel: I got the job at the bakery!") == "Melanie older sister"
+    assert people.resolved("Melanie's new flat is lovely") == "Mel older sister"
+    assert people.resolved("Bob fixed the fence") == "Robert neighbour"
+    assert people.resolved("Dana said yes") == "Okafor manager"
+    assert people.resolved("Tom cooked") == "husband"
+    assert people.resolved("Sam's birthday") == "Reyes user"
+    # negative: a name no relation or second name ties to a person (Berlin, Priya), a
+    # month's name (June), a name two people share (Alex) and a lower-cased word resolve
+    # to nothing
+    for said in ("Priya moved to Berlin", "June 2024 was wet", "Alex called", "mel and me"):
+        assert people.resolved(said) == "", said
+    assert not People(None) and not People("") and People(None).resolved("Mel called") == ""
+    assert People("Mel is my sister.").changed(People("Mel is my sister Melanie.")) == {
+        "mel",
+        "melanie",
+    }
+
+
+def test_a_memory_is_found_by_the_name_core_gives_its_person_and_rebuilt_when_core_changes(
+    tmp_path,
+) -> None:
+    """Through the index (and its cache): core's people resolve each memory's names at
+    index time; core written after the memories, changed or no longer live re-indexes
+    exactly the memories that name someone whose resolution changed."""
+    import os
+
+    from cli.memory.recall.cache import CacheFile
+
+    turns = _chat(["Mel: I got the job at the bakery!", "Priya: My cousin works there too."])
+    mel, priya = turns
+    index = _index(turns)
+
+    def lexical(query: str) -> list[str]:
+        return [h.slug for h in index.rank(query, 5, "lexical")]
+
+    before = index.terms_of([priya])
+    assert lexical("Melanie") == [] and lexical("sister") == []  # no core yet
+    core = "Mel is my sister Melanie."
+    index.put({"core": Known("c" * 64, 1_700_000_000, core)})
+    assert lexical("Melanie") == [mel] and lexical("sister") == [mel]
+    assert "core" not in [h.slug for h in index.rank("Mel sister Melanie", 5)]  # never ranked
+    assert index.rank("Which job did my sister Melanie get?", 1)[0].slug == mel
+    after = index.terms_of([priya])  # a name core does not know: left as it was
+    assert (after.vocab, after.ids.tolist()) == (before.vocab, before.ids.tolist())
+    # the cache keeps core's profile with the terms resolved against it
+    embedder = load()
+    cache = CacheFile(tmp_path, "a" * 64, "b" * 64, embedder.name, os.urandom(32))
+    cache.save(index, {}, {}, {})
+    again = RecallIndex(embedder)
+    assert cache.load(again) is not None and again.people == index.people
+    assert [h.slug for h in again.rank("Melanie", 5, "lexical")] == [mel]
+    # core rewritten without her, then no longer live (denied): nothing resolves
+    index.put({"core": Known("d" * 64, 1_700_000_001, "Mel is a friend from school.")})
+    assert lexical("Melanie") == [] and lexical("sister") == [] and lexical("friend") == [mel]
+    index.put({"core": Known("e" * 64, 1_700_000_002, core)})
+    assert lexical("Melanie") == [mel]
+    index.put({"core": Known("f" * 64, 1_700_000_003, None)})
+    assert lexical("Melanie") == [] and lexical("friend") == [] and lexical("Mel") == [mel]
+
+
+# --- the first build's shortcuts rank exactly as the plain way ---------------------------
+
+
+def test_rows_added_at_once_index_as_rows_added_one_by_one() -> None:
+    docs = [terms(t) for t in ("the cat sat on the mat", "", "a dog and a cat", "mat mat cat")]
+    one, many = Lexical(), Lexical()
+    for row, words in enumerate(docs):
+        one.add(row, words)
+    many.add_many(list(range(len(docs))), docs)
+    for query in (["cat"], ["mat", "dog"], ["sat"], ["absent"]):
+        assert np.array_equal(one.scores(query, 4), many.scores(query, 4)), query
+    a, b = one.export([0, 1, 2, 3]), many.export([0, 1, 2, 3])
+    assert a.vocab == b.vocab
+    for name in ("counts", "ids", "tfs", "lengths"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    nothing = Lexical()  # rows without a single term (a stop word for a value)
+    nothing.add_many([0, 1], [[], []])
+    assert len(nothing) == 2 and not nothing.scores(["cat"], 2).any()
+
+
+def test_texts_of_every_length_and_repeats_embed_as_each_alone() -> None:
+    embedder = load()
+    texts = ["Dana leads payments.", "", "x", "Dana leads payments.", "A longer one " * 9, "y"]
+    together = embedder.embed(texts)
+    alone = np.stack([embedder.embed([t])[0] for t in texts])
+    assert np.allclose(together, alone, atol=1e-6)
+    assert np.array_equal(together[0], together[3]) and not together[1].any()

@@ -29,11 +29,13 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from cli.memory.recall.index import Known, RecallIndex
+from cli.memory.recall.index import Known, RecallIndex, ranked
 from cli.memory.recall.lexical import Terms
 from cli.nostr.files import data_dir
 
-MAGIC = b"engram-recall-cache/4\n"  # 4: resolved dates in the terms, titles without numbers
+# 4: resolved dates in the terms, titles without numbers; 5: core's profile kept (its
+# people resolved in the terms)
+MAGIC = b"engram-recall-cache/5\n"
 KEY_LABEL = b"engram/recall-cache/v1"
 CHUNK = 1 << 20  # bytes encrypted or decrypted at a time
 
@@ -125,7 +127,8 @@ class CacheFile:
                 return None
             if n and min(payload.created) < 0:  # NIP-77 could not name it: not ours
                 return None
-            live = sum(v is not None for v in payload.values)
+            pairs = zip(payload.slugs, payload.values, strict=True)
+            live = sum(ranked(s, Known("", 0, v)) for s, v in pairs)
             dim = index.embedder.dim
             q = np.frombuffer(payload.live_vectors, dtype=np.int8)
             scales = np.frombuffer(payload.scales, dtype=np.float32)
@@ -250,7 +253,7 @@ def _encoded(
     encode = msgspec.msgpack.encode
     slugs = list(index.heads)
     known = [index.heads[s] for s in slugs]
-    live = [s for s, k in zip(slugs, known, strict=True) if k.value is not None]
+    live = [s for s, k in zip(slugs, known, strict=True) if ranked(s, k)]
     yield _ARRAY_HEADER
     yield encode(slugs)
     yield encode([k.event_id for k in known])

@@ -26,16 +26,18 @@ import numpy as np
 from cli.memory.recall import fusion
 from cli.memory.recall.dense import Embedder
 from cli.memory.recall.lexical import Lexical, Terms
+from cli.memory.recall.people import People, names_in
 from cli.memory.recall.text import STOP_WORDS, normalise, slug_words, terms
 from cli.memory.recall.when import resolved
-from engram import beats
+from engram import CORE_SLUG, beats
 
 
 @dataclass(frozen=True, slots=True)
 class Known:
     """What the index knows of a slug: the event that decided it (a head, or an owner
     verdict: enough to apply the head rule to a newer event), and the value when the slug
-    reads as live (None: removed, denied, forgotten, core). `version` is the live
+    reads as live (None: removed, denied, forgotten; core's is its profile, which is never
+    ranked: its people resolve the memories' names, `people`). `version` is the live
     version's name (`log`'s id), with its trust, author role and validity."""
 
     event_id: str
@@ -71,13 +73,23 @@ def quantize(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.rint(vectors / scales[:, None]).astype(np.int8), scales
 
 
-def doc_text(slug: str, value: str, created_at: int | None = None) -> str:
-    """What BM25 indexes of a memory: its slug's words, its value, and (given its
-    created_at) the dates its relative expressions stand for (`when.resolved`)."""
+def doc_text(
+    slug: str, value: str, created_at: int | None = None, people: People | None = None
+) -> str:
+    """What BM25 indexes of a memory: its slug's words, its value, (given its created_at)
+    the dates its relative expressions stand for (`when.resolved`) and (given core's
+    people) who the people it names are (`People.resolved`)."""
     text = f"{slug_words(slug)}. {value}"
     if created_at is not None and (dates := resolved(slug, value, created_at)):
         text += f" ({dates})"
+    if people and (who := people.resolved(value)):
+        text += f" ({who})"
     return text
+
+
+def ranked(slug: str, k: Known) -> bool:
+    """Whether the index ranks this entry: a live memory (core never is)."""
+    return k.value is not None and slug != CORE_SLUG
 
 
 _NUMERIC = re.compile(r"^\d+$")
@@ -197,6 +209,7 @@ class RecallIndex:
         self._prev = np.zeros(0, dtype=np.int64)
         self._next = np.zeros(0, dtype=np.int64)
         self._links: fusion.Links | None = None  # made from them for queries
+        self.people = People()  # core's, as its live profile says (`_core`)
 
     # -- state -----------------------------------------------------------------------
 
@@ -260,6 +273,7 @@ class RecallIndex:
         if not known:
             return
         self.version += 1
+        again = self._core(known[CORE_SLUG]) if CORE_SLUG in known else []
         ids = self._ids
         for slug, k in known.items():
             old = self.heads.get(slug)
@@ -268,7 +282,9 @@ class RecallIndex:
                 self._drop(slug)
             self.heads[slug] = k
             ids[k.event_id] = k.created_at
-        live = [(s, k.value) for s, k in known.items() if k.value is not None]
+        live = [(s, k.value) for s, k in known.items() if ranked(s, k) and k.value is not None]
+        if again:  # core's people changed: memories that name one are indexed again
+            self._reindex([s for s in again if s not in known])
         if not live:
             return
         q, scales = quantize(doc_vectors(self.embedder, live)) if vectors is None else vectors
@@ -290,9 +306,30 @@ class RecallIndex:
         if terms_of_live is not None:
             self.lexical.load(list(range(start, start + len(live))), terms_of_live)
             return
-        for offset, (slug, value) in enumerate(live):
-            text = doc_text(slug, value, known[slug].created_at)
-            self.lexical.add(start + offset, terms(text))
+        docs = [terms(doc_text(s, v, known[s].created_at, self.people)) for s, v in live]
+        self.lexical.add_many(list(range(start, start + len(live))), docs)
+
+    def _core(self, k: Known) -> list[str]:
+        """Take core's new head: its people (none unless it reads as live); the live
+        memories that name a person whose resolution changed."""
+        people = People(k.value)
+        changed = self.people.changed(people)
+        self.people = people
+        if not changed:
+            return []
+        return [
+            slug
+            for slug in self._row_of
+            if (value := self.heads[slug].value) is not None
+            and not changed.isdisjoint(names_in(value))
+        ]
+
+    def _reindex(self, slugs: list[str]) -> None:
+        """Index these live memories again (their words; their vectors are kept)."""
+        if not slugs:
+            return
+        vectors = self.quantized(slugs)
+        self.put({s: self.heads[s] for s in slugs}, vectors)
 
     def _context(self, n: int) -> fusion.Links:
         """The rows that have neighbours, with their neighbours one and two away (n for

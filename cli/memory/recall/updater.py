@@ -59,7 +59,7 @@ from cli.nostr.paging import Fetched, fetch_all
 from cli.nostr.peer import Peer, Unsupported
 from cli.nostr.reconcile import reconcile_items
 from cli.nostr.relayset import _reason
-from engram import CORE_SLUG, KIND_ENGRAM, KIND_VERDICT, Head, beats, d_tag
+from engram import KIND_ENGRAM, KIND_VERDICT, Head, beats, d_tag
 from engram.live import Live, live_view, valid_at
 from engram.negentropy import Items
 from engram.nip01 import Event, is_hex
@@ -323,13 +323,17 @@ class Recall:
     async def _everything(self, client: RelayClient, tally: _Tally) -> Fetched:
         """Every event of the memory on this relay (REQ paging), an exact read if whole.
         Each page is verified and indexed as it arrives and is not kept: a first build
-        never holds every event of a large memory at once. The relay's newest event is
-        taken only once paging is through (a read broken off halfway is not a base for
-        `since`)."""
+        never holds every event of a large memory at once (a page is indexed while the
+        relay serves the next: a first build's wall time was the sum of both). The relay's
+        newest event is taken only once paging is through (a read broken off halfway is not
+        a base for `since`)."""
         url = client.url
         top = 0
+        waiting: list[list[Event]] = []  # the page taken last, not indexed yet (one at most)
+        later: asyncio.Future[None] | None = None
+        failed: list[BaseException] = []
 
-        def take(events: list[Event]) -> None:
+        def apply(events: list[Event]) -> None:
             nonlocal top
             checker = HeadChecker(self.identity)
             changed, newest = self._apply_events(events, checker)
@@ -337,7 +341,33 @@ class Recall:
             tally.changed += changed
             tally.skipped.update(checker.skipped)
 
-        got = await fetch_all(client, self._filter(), self._limits.get(url), take=take)
+        def drain() -> None:
+            while waiting:
+                apply(waiting.pop(0))
+
+        async def soon() -> None:
+            # after the paging has asked for the next page: the relay reads it from its
+            # store while this page is verified and indexed here
+            await asyncio.sleep(0)
+            try:
+                drain()
+            except Exception as exc:  # raised where the paging is awaited, as before
+                failed.append(exc)
+
+        def take(events: list[Event]) -> None:
+            nonlocal later
+            drain()  # the page before, if its turn has not come yet: one page waits at most
+            waiting.append(events)
+            later = asyncio.ensure_future(soon())
+
+        try:
+            got = await fetch_all(client, self._filter(), self._limits.get(url), take=take)
+        finally:
+            if later is not None and not later.done():
+                later.cancel()
+            drain()  # what was taken is indexed, whatever the paging did after it
+        if failed:
+            raise failed[0]
         if top:
             self.newest[url] = max(self.newest.get(url, 0), top)
         if got.why_incomplete(self._limits.get(url) is not None) is None:
@@ -674,9 +704,8 @@ class Recall:
         if slug not in self.index.heads:
             self._slug_of_d[d_tag(self.identity.conversation_key, slug)] = slug
         meta = version.meta
-        value = version.text if slug != CORE_SLUG else None
         known = Known(
-            event_id, version.created_at, value, version.id, meta.trust, version.role,
+            event_id, version.created_at, version.text, version.id, meta.trust, version.role,
             meta.valid_from, meta.valid_until,
         )  # fmt: skip
         if self.index.apply_known([(slug, known)]):
@@ -694,14 +723,14 @@ def _items(heads: list[Known], seen: list[tuple[str, int]]) -> Items:
 
 
 def known_of(slug: str, live: Live) -> Known | None:
-    """What the index keeps of what a slug reads as: the value only when live (and not
-    core, which recall never ranks), with its version, trust and validity."""
+    """What the index keeps of what a slug reads as: the value only when live (core's
+    too: recall never ranks it, its people resolve names), with its version, trust and
+    validity."""
     v = live.version
     if v is None:
         return None
     meta = v.meta
-    value = live.text if slug != CORE_SLUG else None
     return Known(
-        v.event.id, v.created_at, value, v.id, meta.trust, v.role, meta.valid_from,
+        v.event.id, v.created_at, live.text, v.id, meta.trust, v.role, meta.valid_from,
         meta.valid_until,
     )  # fmt: skip
