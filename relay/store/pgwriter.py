@@ -204,8 +204,9 @@ class PostgresWriter(ByEnqueue, PostgresBase):
         try:
             async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
                 await conn.execute(q.CLEAN_SEARCH_PENDING)
-        except Exception as exc:  # the inserts merge it then, as PostgreSQL does alone
-            log.warning("search index merge failed: %s", failure(exc))
+        except Exception as exc:  # e.g. not the index's owner: the inserts merge it then
+            log.warning("search index merge failed (%s); not trying again", failure(exc))
+            self._clean_bytes = 0
         finally:
             self._cleaning = None
 
