@@ -42,12 +42,13 @@ from relay.wsframes import text_frame_header
 
 log = logging.getLogger("engram.transport")
 
-# Bytes a connection may hold outside the relay's own accounted queue: frames corked in
-# one loop iteration (`DIRECT_MAX`) plus the transport's buffer (its high-water mark,
-# `DIRECT_MAX` too); past them frames wait in that queue (relay.sendqueue), whose bounds
-# decide when a reader is too slow. It is part of the per-connection constant in the
-# memory bound (docs/OPERATING.md "Operating it"): 256 KiB held 330 MiB beyond the
-# budget with 1,000 stalled readers (bench stalled).
+# Bytes a connection may hold outside the relay's own accounted queue: frames corked
+# (`DIRECT_MAX`, written at the end of the loop iteration, or sooner when a REQ's answer
+# does not fit beside them: DirectSocket.send_events) plus the transport's buffer (its
+# high-water mark, `DIRECT_MAX` too); past them frames wait in that queue
+# (relay.sendqueue), whose bounds decide when a reader is too slow. It is part of the
+# per-connection constant in the memory bound (docs/OPERATING.md "Operating it"):
+# 256 KiB held 330 MiB beyond the budget with 1,000 stalled readers (bench stalled).
 DIRECT_MAX = 32 * 1024
 KEEPALIVE_TICK = 1.0  # seconds between two ticks of the keepalive wheel (at most)
 _SHORT = [text_frame_header(n) for n in range(126)]  # headers of payloads under 126 bytes
