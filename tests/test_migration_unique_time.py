@@ -75,10 +75,10 @@ async def test_0029_upgrades_a_store_with_data(database_url: str, make_event: Ma
         assert "events_pkey" in {r[0] for r in await conn.fetch(_INDEXES)}
         assert await apply_migrations(conn) == [VERSION]  # what a relay's start runs
         rows = await conn.fetchval("SELECT count(*) FROM events")
-        # read backward for `created_at DESC, id`; the newest entries at its right end
+        # the order every read asks for (created_at DESC, id), now unique
         assert (
             await conn.fetchval("SELECT indexdef FROM pg_indexes WHERE indexname = 'events_time'")
-        ).endswith("(tenant, created_at, id DESC)")
+        ).endswith("(tenant, created_at DESC, id)")
         # the rule is the unique time index's now: a second copy of a row is refused
         with pytest.raises(asyncpg.UniqueViolationError):
             await conn.execute("INSERT INTO events SELECT * FROM events WHERE kind = 1 LIMIT 1")
