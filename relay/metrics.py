@@ -193,8 +193,8 @@ _live: dict[str, Any] = {}
 # dicts and added to prometheus_client's metrics only when they are read: a labelled
 # child's `inc` takes a lock and an `observe` walks the buckets, ~8 us of the ~150 us a
 # cached REQ cost (issue 48). `flush` runs before every collection of the registry
-# (`_Flush`, registered first), and once a second in a worker of several (the files a
-# scrape sums are written by each worker's mirror task).
+# (`_Flush`, registered first). With several workers (MULTIPROCESS) a scrape sums files
+# every worker writes, and any worker may answer it: there each count is added at once.
 
 _pending_messages: dict[tuple[str, type], int] = {}
 _REQ_BOUNDS = (*_LATENCY, math.inf)  # the histogram's upper bounds, `le` of each bucket
@@ -235,6 +235,8 @@ def message(tenant: str, msg: object) -> None:
         _pending_messages[key] += 1
     except KeyError:
         _pending_messages[key] = 1
+    if MULTIPROCESS:  # another worker may answer the next scrape: the shared files now
+        flush()
 
 
 def _reason(text: str) -> str:
@@ -276,6 +278,8 @@ def req_done(tenant: str, started: float) -> None:
         pending = _pending_reqs[tenant] = [0.0] + [0] * len(_REQ_BOUNDS)
     pending[1 + bisect_left(_REQ_BOUNDS, seconds)] += 1
     pending[0] += seconds
+    if MULTIPROCESS:  # as in `message`
+        flush()
 
 
 def read_closed(tenant: str, message: str) -> None:
