@@ -161,8 +161,12 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # which waited 0.6-1.3 s (issue 47, sustained profile); the store's sessions raise that
     # limit to 16 MB instead. A list holds ~4 bytes per byte of content, so 1 MiB merges
     # about as often as PostgreSQL alone: smaller merges cost more per entry (every 2,000
-    # notes: +30 % PostgreSQL CPU and +90 % WAL per EVENT; no list: +150 %). 0: PostgreSQL's.
-    search_clean_bytes: int = 1024 * 1024
+    # notes: +30 % PostgreSQL CPU and +90 % WAL per EVENT; no list: +150 %). 0 (default):
+    # PostgreSQL's. Off by default: measured alone (bench ab, sustained profile, 4 rounds),
+    # 1 MiB cut the ingest p99 by a third (528 -> 358 ms) but cost 12 % more PostgreSQL CPU
+    # per EVENT (198 -> 222 us: the merge chases the list's tail while inserts append) and
+    # 4 % of the throughput; an operator who wants the latency sets 1048576.
+    search_clean_bytes: int = 0
     # BIP-340 checks in a worker process beside the relay (relay.verifyproc), so the event
     # loop and the check use two cores; off: `verify_threads` threads beside the loop, or
     # inline when that is 0 (docs/OPERATING.md "Ingest tuning").
