@@ -61,22 +61,21 @@ VARIANTS: dict[str, list[str]] = {
         "CREATE TABLE vanished (tenant text, pubkey bytea, until int8, ptag text)",
     ],
     "without events_xid": ["DROP INDEX events_xid"],
-    # events_time is the unique key since migration 0029 (the writer's ON CONFLICT target)
-    "without events_id": ["DROP INDEX events_id"],
+    "without events_time": ["DROP INDEX events_time"],
     "without events_kind_time": ["DROP INDEX events_kind_time"],
     "without events_author_time": ["DROP INDEX events_author_time"],
     "search index, fastupdate off": ["ALTER INDEX events_words SET (fastupdate = off)"],
     "search index, 16 MB pending list": [
         "ALTER INDEX events_words SET (gin_pending_list_limit = 16384)"
     ],
-    "unique time key and address only": [
+    "primary key and address only": [
         *_NO_TAG_TABLE,
         *(
             f"DROP INDEX {name}"
             for name in (
                 "events_words",
                 "events_xid",
-                "events_id",
+                "events_time",
                 "events_kind_time",
                 "events_author_time",
             )

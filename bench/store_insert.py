@@ -52,7 +52,7 @@ _FROM_TEMP = (
 )
 _SINGLE = (
     f"INSERT INTO events ({_COPY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7,"
-    " $8::text::text[], $9, $10, $11) ON CONFLICT (tenant, created_at, id) DO NOTHING"
+    " $8::text::text[], $9, $10, $11) ON CONFLICT (tenant, id) DO NOTHING"
 )
 
 

@@ -171,7 +171,7 @@ def test_bench_scale_end_to_end(tmp_path: Path) -> None:
         assert rows and 250 <= int(rows.group(1).replace(",", "")) <= 300, body
         assert "EVENTs refused" not in body and "no answer" not in body, body
         # disk: data directory and WAL, and each index with its idx_scan
-        assert re.search(r"^\| events \| events_id \| [\d.]+ \| [\d,]+ \| [\d,]+ \|", body, re.M)
+        assert re.search(r"^\| events \| events_pkey \| [\d.]+ \| [\d,]+ \| [\d,]+ \|", body, re.M)
         assert re.search(r"^\| event_tags \| event_tags_time \| ", body, re.M), body
         assert "CPU per EVENT" in body, body
 

@@ -73,12 +73,9 @@ _NOT_DELETED_ADDRESS = (
 
 
 # Regular events: an existing (tenant, id) means DUPLICATE; RETURNING names the new rows.
-# The id commits to created_at, so (tenant, created_at, id) is unique exactly when (tenant,
-# id) is: its unique index is events_time, whose inserts stay on its newest pages
-# (migration 0029: a unique B-tree on the random id alone dirtied a random page per insert).
 INSERT_REGULAR = (
     f"INSERT INTO events ({_COLUMNS}) {_UNNEST}{_NOT_DELETED_ID}{_IN_ORDER}"
-    " ON CONFLICT (tenant, created_at, id) DO NOTHING RETURNING tenant, id"
+    " ON CONFLICT (tenant, id) DO NOTHING RETURNING tenant, id"
 )
 
 # Replaceable/addressable events: the replace rule as ONE statement against the unique
