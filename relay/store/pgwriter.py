@@ -180,21 +180,20 @@ class PostgresWriter(ByEnqueue, PostgresBase):
                     raise
                 continue
             self._written(batch)
-            stored = [
-                p for p, r in zip(batch, results, strict=True) if r.status is SaveStatus.STORED
-            ]
-            if stored:
+            if any(r.status is SaveStatus.STORED for r in results):
                 self._wake_nodes()
-                self._stored_searched(sum(len(p.row[7]) for p in stored))
+                if self._clean_bytes:  # off by default: nothing to count per batch
+                    self._stored_searched(batch, results)
             for p, result in zip(batch, results, strict=True):
                 p.answer(result)
 
-    def _stored_searched(self, content: int) -> None:
-        """`content` characters of searched content stored: past `search_clean_bytes`
-        since the last merge, the search index's pending list is merged by a statement of
-        its own (one at a time), so that no batch's insert does it and waits
+    def _stored_searched(self, batch: list[Pending], results: list[SaveResult]) -> None:
+        """Count the searched content the batch stored: past `search_clean_bytes` since
+        the last merge, the search index's pending list is merged by a statement of its
+        own (one at a time), so that no batch's insert does it and waits
         (sqlwrite.CLEAN_SEARCH_PENDING)."""
-        self._unclean += content
+        stored = zip(batch, results, strict=True)
+        self._unclean += sum(len(p.row[7]) for p, r in stored if r.status is SaveStatus.STORED)
         if not self._clean_bytes or self._unclean < self._clean_bytes or self._cleaning:
             return
         self._unclean = 0
