@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 
 from cli.memory.recall.text import MONTHS, STOP_WORDS
+from cli.memory.recall.when import WEEKDAYS
 
 RELATIONS = frozenset(
     """
@@ -60,9 +61,7 @@ _ALIAS = re.compile(
     r"^(?:\(|,?\s*(?:is|aka|a\.k\.a\.|also known as|known as|called|goes by|who goes by"
     r"|nicknamed|is short for|short for)\s*,?\s*\(?)$"
 )
-_NOT_NAMES = frozenset(w.lower() for w in MONTHS) | {
-    "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday",
-}  # fmt: skip
+_NOT_NAMES = frozenset(w.lower() for w in MONTHS) | frozenset(WEEKDAYS)
 
 
 @dataclass(frozen=True)
@@ -94,10 +93,8 @@ def _sentence_people(sentence: str) -> list[Person]:
         parts.append(("rel", m[0].lower(), m.start(), m.end()))
         taken[m.start() : m.end()] = [True] * (m.end() - m.start())
     for m in _RUN.finditer(sentence):
-        start = m.start()
-        run = m[0]
         # a run may swallow a capitalised relation ("Sister Melanie"): keep what is a name
-        cleaned = _clean(run)
+        cleaned = _clean(m[0])
         start = m.end() - len(cleaned)
         if not cleaned or any(taken[start : m.end()]):
             continue
@@ -147,8 +144,7 @@ class People:
     """Core's people, and what a memory that mentions one of them is indexed with."""
 
     def __init__(self, profile: str | None = None) -> None:
-        self.profile = profile or ""
-        found = [p for s in _SENTENCE.split(self.profile) for p in _sentence_people(s)]
+        found = [p for s in _SENTENCE.split(profile or "") for p in _sentence_people(s)]
         by_key: dict[str, Person | None] = {}
         for person in found:
             for name in person.names:
@@ -168,9 +164,6 @@ class People:
 
     def __hash__(self) -> int:
         return hash(tuple(sorted(self._by_key)))
-
-    def keys(self) -> frozenset[str]:
-        return frozenset(self._by_key)
 
     def changed(self, other: People) -> frozenset[str]:
         """The name words that resolve differently in `other` than here."""
