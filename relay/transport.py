@@ -75,19 +75,21 @@ class Connection(OutputQueue):
         """`offer` for `frames[start:]`: the index of the first one not taken (the caller
         awaits `send_wait` for it), len(frames) once all are. Frames the socket takes now
         go in one call to the direct socket."""
-        direct = self.direct
-        i = start
-        if direct is not None and not self.frames and self.dropped is None:
-            i = direct.send_texts_now(frames, i)
+        direct = self._bypass()
+        i = start if direct is None else direct.send_texts_now(frames, start)
         return offer_each(self.offer, frames, i)
 
     def offer_events(self, prefix: bytes, raws: list[bytes], last: bytes) -> bool:
         """A REQ's stored events and EOSE straight to the direct socket, all or none
         (relay.wsserver.DirectSocket.send_events); False: nothing was taken."""
+        direct = self._bypass()
+        return direct is not None and direct.send_events(prefix, raws, last)
+
+    def _bypass(self) -> Any:
+        """The direct socket when output may skip the queue now (nothing queued before
+        it, the connection not dropped), else None."""
         direct = self.direct
-        if direct is None or self.frames or self.dropped is not None:
-            return False
-        return bool(direct.send_events(prefix, raws, last))
+        return direct if direct is not None and not self.frames and self.dropped is None else None
 
     async def send_wait(self, frame: bytes) -> None:
         """Queue a frame, waiting for room: stored REQ results use backpressure, not drops."""
