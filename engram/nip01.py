@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 
 import msgspec
 from coincurve import PrivateKey, PublicKeyXOnly
@@ -15,7 +14,9 @@ from coincurve import PrivateKey, PublicKeyXOnly
 from engram import nip19
 from engram.errors import KeyFormatError
 
-_HEX = re.compile(r"[0-9a-f]*")  # fullmatch; twice as fast as a set difference at 64 chars
+# the characters is_hex deletes: what is left over is not lower-case hex (str.translate of 64
+# characters is ~40 % faster than a regex fullmatch, twice as fast as a set difference)
+_NOT_HEX = str.maketrans("", "", "0123456789abcdef")
 
 # msgspec's encoder emits NIP-01's canonical form: no whitespace, UTF-8 kept as is, and
 # only the escapes NIP-01 lists (checked in tests against json.dumps(ensure_ascii=False)).
@@ -36,7 +37,7 @@ class Event(msgspec.Struct, kw_only=True):
 
 def is_hex(s: str, length: int) -> bool:
     """Lower-case hex of exactly `length` characters (the only form NIP-01 allows)."""
-    return len(s) == length and _HEX.fullmatch(s) is not None
+    return len(s) == length and not s.translate(_NOT_HEX)
 
 
 def serialize_for_id(

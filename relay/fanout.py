@@ -113,11 +113,13 @@ def _event_keys(event: Event) -> list[IndexKey]:
 
 class FanOut:
     def __init__(self) -> None:
-        self._subs: dict[tuple[int, str], Subscription] = {}
+        self._count = 0  # subscriptions, every connection's
         # index key -> the subscriptions under it (the objects: publish reaches each one
         # without a lookup)
         self._index: defaultdict[IndexKey, set[Subscription]] = defaultdict(set)
-        self._by_conn: defaultdict[int, set[str]] = defaultdict(set)
+        # id(connection) -> its subscriptions by id (one lookup finds a REQ's, counts a
+        # connection's, and drops them all when it goes)
+        self._by_conn: dict[int, dict[str, Subscription]] = {}
         # match_key -> [class number, subscriptions holding it]: publish compares small
         # ints, never hashes a filter (an `authors` list of hundreds) per candidate
         self._classes: dict[Hashable, list[int]] = {}
@@ -127,7 +129,7 @@ class FanOut:
         self._searches_by_conn: defaultdict[int, int] = defaultdict(int)
 
     def __len__(self) -> int:
-        return len(self._subs)
+        return self._count
 
     @property
     def searches(self) -> int:
@@ -142,21 +144,25 @@ class FanOut:
         return self._searches_by_conn.get(id(conn), 0)
 
     def has(self, conn: Subscriber, sub_id: str) -> bool:
-        return (id(conn), sub_id) in self._subs
+        subs = self._by_conn.get(id(conn))
+        return subs is not None and sub_id in subs
 
     def get(self, conn: Subscriber, sub_id: str) -> Subscription | None:
-        return self._subs.get((id(conn), sub_id))
+        subs = self._by_conn.get(id(conn))
+        return None if subs is None else subs.get(sub_id)
 
     def subscribe(
         self, conn: Subscriber, sub_id: str, filters: list[Filter], pending: bool = False
     ) -> Subscription:
         """Add (or replace) a subscription."""
-        sk = (id(conn), sub_id)
-        if sk in self._subs:
+        subs = self._by_conn.get(id(conn))
+        if subs is None:
+            subs = self._by_conn[id(conn)] = {}
+        elif sub_id in subs:
             self.unsubscribe(conn, sub_id)
         sub = Subscription(conn, sub_id, filters, pending)
-        self._subs[sk] = sub
-        self._by_conn[id(conn)].add(sub_id)
+        subs[sub_id] = sub
+        self._count += 1
         entry = self._classes.get(sub.match_key)
         if entry is None:
             self._next_class += 1
@@ -173,7 +179,8 @@ class FanOut:
         return sub
 
     def is_current(self, sub: Subscription) -> bool:
-        return self._subs.get((id(sub.conn), sub.sub_id)) is sub
+        subs = self._by_conn.get(id(sub.conn))
+        return subs is not None and subs.get(sub.sub_id) is sub
 
     def go_live(self, sub: Subscription, already_sent: set[str]) -> None:
         """After EOSE: flush what was published during the stored read, minus repeats."""
@@ -183,10 +190,13 @@ class FanOut:
                 sub.conn.send(frame)
 
     def unsubscribe(self, conn: Subscriber, sub_id: str) -> bool:
-        sk = (id(conn), sub_id)
-        sub = self._subs.pop(sk, None)
+        subs = self._by_conn.get(id(conn))
+        sub = None if subs is None else subs.pop(sub_id, None)
         if sub is None:
             return False
+        if not subs:  # its last one
+            del self._by_conn[id(conn)]
+        self._count -= 1
         entry = self._classes[sub.match_key]
         entry[1] -= 1
         if not entry[1]:
@@ -210,11 +220,6 @@ class FanOut:
                 self._searches_by_conn[id(conn)] = left
             else:
                 del self._searches_by_conn[id(conn)]
-        subs = self._by_conn.get(id(conn))
-        if subs is not None:
-            subs.discard(sub_id)
-            if not subs:
-                del self._by_conn[id(conn)]
         return True
 
     def drop_connection(self, conn: Subscriber) -> None:
@@ -224,7 +229,7 @@ class FanOut:
     def publish(self, event: Event, raw: bytes, private: frozenset[int] = DEFAULT_PRIVATE) -> int:
         """Deliver to every matching subscription that may see the event (of a `private`
         kind: its author's and recipient's only); returns the number of frames sent."""
-        if not self._subs:  # the common case under ingest: nobody subscribed here
+        if not self._count:  # the common case under ingest: nobody subscribed here
             return 0
         candidates: set[Subscription] = set()
         index = self._index

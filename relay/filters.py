@@ -219,10 +219,13 @@ def matches_any(
 
 def value_count(f: Filter) -> int:
     """The ids, authors, kinds and tag values a filter names (Limits.max_req_values)."""
-    n = sum(len(values) for values in f.tags.values())
-    for values in (f.ids, f.authors, f.kinds):
-        if values is not None:
-            n += len(values)
+    n = sum(map(len, f.tags.values())) if f.tags else 0
+    if f.ids is not None:
+        n += len(f.ids)
+    if f.authors is not None:
+        n += len(f.authors)
+    if f.kinds is not None:
+        n += len(f.kinds)
     return n
 
 

@@ -103,7 +103,8 @@ class Relay:
         commit answers from a callback); REQ and COUNT return the coroutine that reads
         the store, for the transport to run.
         """
-        tenant = self.tenant_of(session)
+        tenant = self.tenants.current(session.tenant)  # tenant_of, inline: every message
+        session.tenant = tenant
         mod = tenant.moderation
         if mod.blocked_ips and mod.ip_blocked(session.ip):  # blocked since it connected
             session.send(wire.notice(BLOCKED_ADDRESS))
@@ -121,7 +122,8 @@ class Relay:
             session.send(exc.reply)
             return None
         metrics.message(tenant.key, msg)
-        limited = self.rate_limited(session, msg)
+        allow = session.allowance  # loopback is exempt: no call (relay.ratelimit)
+        limited = None if allow is None or allow.exempt else self.rate_limited(session, msg)
         if limited:
             metrics.limited(tenant.key, msg)
             session.send(limited)

@@ -172,10 +172,10 @@ class Reads:
     def _live(self, tenant: Tenant, sub: Subscription, rows: list[bytes], started: float) -> None:
         """After EOSE: the REQ is done, and its subscription live."""
         metrics.req_done(tenant.key, started)
-        # ids of what was sent only if something was published meanwhile (rarely)
-        self.fanouts[tenant.key].go_live(
-            sub, {wire.raw_id(raw) for raw in rows} if sub.pending else set()
-        )
+        if sub.pending:  # something was published meanwhile (rarely): what was not sent
+            self.fanouts[tenant.key].go_live(sub, {wire.raw_id(raw) for raw in rows})
+        else:
+            sub.pending = None  # live
 
     async def count_reply(
         self, session: Session, tenant: Tenant, sub_id: str, raws: list[msgspec.Raw]
@@ -266,8 +266,13 @@ class Reads:
             why = self.address_subscriptions_full(session, allow, sub_id)  # type: ignore[arg-type]
             if why:
                 return why
-        if all(f.search is None for f in filters) or (old is not None and old.terms is not None):
-            return None  # no search, or one search replacing another
+        for f in filters:
+            if f.search is not None:
+                break
+        else:
+            return None  # no search
+        if old is not None and old.terms is not None:
+            return None  # one search replacing another
         cap = self.settings.search_subscriptions_max
         if cap and sum(f.searches for f in self.fanouts.values()) >= cap:
             return Reason.RATE_LIMITED("too many live searches on this relay; try again later")

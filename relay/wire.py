@@ -185,12 +185,15 @@ def decode(frame: bytes | str) -> Message:
     return _decode(frame)
 
 
+_REQ_OR_COUNT = ('["REQ",', '["COUNT",')
+
+
 def _fast(frame: str) -> Message | None:
     """A compact REQ, COUNT or CLOSE in one strict call (see the module), else None.
     `decode` does not try it for a frame with a `"#` anywhere (a filter with tags, as
     the engram head fetch's #p and #d): the hand way takes it with no failed attempt."""
     try:
-        if frame.startswith('["REQ",') or frame.startswith('["COUNT",'):
+        if frame.startswith(_REQ_OR_COUNT):
             r = _req.decode(frame)
             if r.verb not in ("REQ", "COUNT") or not r.sub_id:
                 return None

@@ -51,7 +51,10 @@ log = logging.getLogger("engram.transport")
 # 256 KiB held 330 MiB beyond the budget with 1,000 stalled readers (bench stalled).
 DIRECT_MAX = 32 * 1024
 KEEPALIVE_TICK = 1.0  # seconds between two ticks of the keepalive wheel (at most)
-_SHORT = [text_frame_header(n) for n in range(126)]  # headers of payloads under 126 bytes
+# the text frame headers of payloads under HEADERS_MAX bytes (most events: a REQ's answer
+# takes each event's from here, not from a call; ~300 KB)
+HEADERS_MAX = 8192
+_HEADERS = [text_frame_header(n) for n in range(HEADERS_MAX)]
 
 
 # helper threads that write with the loop's thread when many sockets have output at once
@@ -480,7 +483,7 @@ class DirectSocket(asyncio.Protocol):
                 asyncio.get_running_loop().call_soon(_corker.flush)
             pending.append(self)
         size = len(payload)
-        out.append(_SHORT[size] if size < 126 else text_frame_header(size))
+        out.append(_HEADERS[size] if size < HEADERS_MAX else text_frame_header(size))
         out.append(payload)
         self._out_bytes += size
         return True
@@ -500,9 +503,10 @@ class DirectSocket(asyncio.Protocol):
         written = 0
         while i < end and written < room:
             payload = payloads[i]
-            out.append(text_frame_header(len(payload)))
+            size = len(payload)
+            out.append(_HEADERS[size] if size < HEADERS_MAX else text_frame_header(size))
             out.append(payload)
-            written += len(payload)
+            written += size
             i += 1
         self._out_bytes += written
         return i
@@ -519,9 +523,7 @@ class DirectSocket(asyncio.Protocol):
         if self.writing_paused or self.close_sent or self.closed:
             return False
         more = len(prefix) + 1
-        size = len(last) + more * len(raws)
-        for raw in raws:
-            size += len(raw)
+        size = len(last) + more * len(raws) + sum(map(len, raws))
         if self._out_bytes + size > DIRECT_MAX:
             if size > DIRECT_MAX or not self._out:
                 return False
@@ -531,11 +533,12 @@ class DirectSocket(asyncio.Protocol):
         out = self._out
         if not out:
             _corker.add(self)
+        headers = _HEADERS
         for raw in raws:
             n = more + len(raw)
-            out += (_SHORT[n] if n < 126 else text_frame_header(n), prefix, raw, b"]")
+            out += (headers[n] if n < HEADERS_MAX else text_frame_header(n), prefix, raw, b"]")
         n = len(last)
-        out += (_SHORT[n] if n < 126 else text_frame_header(n), last)
+        out += (headers[n] if n < HEADERS_MAX else text_frame_header(n), last)
         self._out_bytes += size
         return True
 
