@@ -72,13 +72,29 @@ def test_every_length_encoding(size):
 
 
 def test_byte_by_byte_delivery():
-    data = frame(b"a" * 300) + frame(b"ping", OP_PING) + frame(b"b" * 70_000)
+    """Every frame split at every byte: the small text frames (the reader's short path
+    for frames under 126 bytes) as well as the longer encodings."""
+    data = (
+        frame(b"a" * 300)
+        + frame(b"ping", OP_PING)
+        + frame(b'["CLOSE","s"]')
+        + frame(b"c" * 125)
+        + frame(b"")
+        + frame(b"b" * 70_000)
+    )
     r = ClientFrameReader(1 << 20)
     got = []
     for i in range(len(data)):
         r.feed(data[i : i + 1])
         got.extend(drain(r))
-    assert got == [(OP_TEXT, "a" * 300), (OP_PING, b"ping"), (OP_TEXT, "b" * 70_000)]
+    assert got == [
+        (OP_TEXT, "a" * 300),
+        (OP_PING, b"ping"),
+        (OP_TEXT, '["CLOSE","s"]'),
+        (OP_TEXT, "c" * 125),
+        (OP_TEXT, ""),
+        (OP_TEXT, "b" * 70_000),
+    ]
     assert r.buffered() == 0
 
 
