@@ -208,6 +208,53 @@ async def test_own_write_is_read_by_the_next_req(node: Node, make_event: MakeEve
     assert await ids(node.store, newest(0)) == [new.id, old.id]
 
 
+async def test_own_write_joins_the_cached_prefix(
+    node: Node, plain: PostgresStore, make_event: MakeEvent
+) -> None:
+    """A regular event this node stores goes into its author's prefixes (where it
+    falls in the store's order), so the next REQ is still answered from memory, and
+    equal to the statement: newer, older than the prefix, tied, of another kind."""
+    first = [make_event(SK[0], content=f"n{i}", created_at=100 + i) for i in range(3)]
+    await put(node.store, *first)
+    shapes = [newest(0, 2), newest(0, 10, kinds=[1]), newest(0, 10, kinds=[7])]
+    for f in shapes:  # filled: the newest two of any kind, every kind 1, no kind 7
+        await ids(node.store, f)
+    shapes += [newest(0, 1), newest(0, 3, kinds=[1])]  # served by the same prefixes
+    writes = [
+        make_event(SK[0], content="newest", created_at=200),
+        make_event(SK[0], content="older than the prefix of two", created_at=50),
+        make_event(SK[0], content="tied", created_at=200),
+        make_event(SK[0], kind=7, content="+", created_at=150),
+    ]
+    for ev in writes:
+        fills = node.cache.fills
+        await put(node.store, ev)
+        for f in shapes:
+            assert await cached(node, f) == await ids(plain, f), (ev.content, f)
+        assert node.cache.fills == fills  # nothing read again
+
+
+async def test_a_written_hidden_event_stays_hidden_in_the_cache(
+    node: Node, make_event: MakeEvent
+) -> None:
+    """What joins a prefix is shown by the same rules as a filled row: a private kind
+    to its author and recipient only, an expiring event until its expiration."""
+    note = make_event(SK[0], content="public", created_at=10)
+    await put(node.store, note)
+    await ids(node.store, newest(0))
+    ends = int(time.time()) + 2
+    dm = make_event(SK[0], kind=4, tags=[["p", PK[1]]], content="secret", created_at=12)
+    brief = make_event(SK[0], tags=[["expiration", str(ends)]], content="brief", created_at=11)
+    await put(node.store, dm, brief)
+    for party in (PK[0], PK[1]):
+        assert await cached(node, newest(0), viewer=party) == [dm.id, brief.id, note.id]
+    for stranger in (None, PK[2]):
+        assert await cached(node, newest(0), viewer=stranger) == [brief.id, note.id]
+    await until(lambda: time.time() >= ends + 1, "the expiration has passed")
+    assert await cached(node, newest(0)) == [note.id]
+    assert await cached(node, newest(0), viewer=PK[1]) == [dm.id, note.id]
+
+
 async def test_expired_event_leaves_the_cache(node: Node, make_event: MakeEvent) -> None:
     """NIP-40 is checked at every answer from memory, against the REQ's clock."""
     ends = int(time.time()) + 2
@@ -412,6 +459,22 @@ def test_a_fill_overtaken_by_a_change_is_dropped() -> None:
     fill = cache.begin("t", Need((author, None, 5)))
     cache.changed("t", bytes(31) + b"\x02", 1)
     cache.changed("u", author, 1)  # the same key in another tenant
+    cache.put(fill, [row(0)], 0.0)
+    assert len(cache) == 1
+
+
+def test_a_fill_overtaken_by_a_stored_event_is_dropped() -> None:
+    """A fill whose statement may have run before an event of its author committed is
+    not installed (the event joins only prefixes already there); another author's stored
+    event leaves it be."""
+    author = bytes(32)
+    cache = ReadCache(1 << 20, 60.0)
+    fill = cache.begin("t", Need((author, None, 5)))
+    cache.stored("t", author, row(9))
+    cache.put(fill, [row(0)], 0.0)
+    assert len(cache) == 0
+    fill = cache.begin("t", Need((author, None, 5)))  # the positive twin
+    cache.stored("t", bytes(31) + b"\x02", row(9))
     cache.put(fill, [row(0)], 0.0)
     assert len(cache) == 1
 

@@ -29,6 +29,7 @@ from relay.store.readbatch import ReadBatcher
 from relay.store.readcache import Need, Needs, ReadCache, plan_all
 from relay.store.sqlcount import build_count, build_items
 from relay.store.sqlread import build_prefix, build_query
+from relay.store.sqlwrite import Row
 from relay.wire import Reason, raw_author
 
 log = logging.getLogger("relay.store")
@@ -68,6 +69,13 @@ class PostgresReader(PostgresBase):
         have changed."""
         if self.read_cache is not None:
             self.read_cache.changed(tenant, pubkey, kind)
+
+    def stored(self, tenant: str, row: Row) -> None:
+        """The writer stored this row (before it answers): into the cache's prefixes of
+        its author when nothing else may have changed (ReadCache.stored)."""
+        if self.read_cache is not None:
+            # build_prefix's columns: raw, created_at, id, kind, owner, expires_at
+            self.read_cache.stored(tenant, row[1], (row[8], row[2], row[0], row[3], row[5], row[9]))
 
     def rows_seen(self, rows: list[tuple[str, bytes]], held: bool) -> None:
         """The bus read other nodes' rows (before it hands them on): forget what they may

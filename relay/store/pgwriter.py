@@ -106,6 +106,7 @@ class PostgresWriter(ByEnqueue, PostgresBase):
 
     _wake_nodes: Callable[[], None]  # relay.store.pgbus.PostgresBusRows
     changed: Callable[[str, bytes, int], None]  # relay.store.pgreader (its read cache)
+    stored: Callable[[str, Row], None]  # ... the same
 
     def _init_writer(self, settings: Settings) -> None:
         self._batch_max = max(1, settings.write_batch_max)
@@ -179,7 +180,7 @@ class PostgresWriter(ByEnqueue, PostgresBase):
                 if not isinstance(exc, Exception):
                     raise
                 continue
-            self._written(batch)
+            self._written(batch, results)
             if any(r.status is SaveStatus.STORED for r in results):
                 self._wake_nodes()
                 if self._clean_bytes:  # off by default: nothing to count per batch
@@ -209,11 +210,20 @@ class PostgresWriter(ByEnqueue, PostgresBase):
         finally:
             self._cleaning = None
 
-    def _written(self, batch: list[Pending]) -> None:
-        """Before any answer or live delivery: what the batch may have changed is read
-        from the database again (relay.store.readcache), committed or not."""
-        for p in batch:
-            self.changed(p.tenant, p.row[1], p.row[3])
+    def _written(self, batch: list[Pending], results: list[SaveResult] | None = None) -> None:
+        """Before any answer or live delivery: the read cache learns what the batch
+        stored (relay.store.readcache: a regular event joins its author's prefixes),
+        and what it may have changed otherwise (committed or not, a failed batch's
+        events too) is read from the database again."""
+        if results is None:
+            for p in batch:
+                self.changed(p.tenant, p.row[1], p.row[3])
+            return
+        for p, result in zip(batch, results, strict=True):
+            if result.status is SaveStatus.STORED:
+                self.stored(p.tenant, p.row)
+            else:
+                self.changed(p.tenant, p.row[1], p.row[3])
 
     def _writer_failed(
         self, batch: list[Pending], results: list[SaveResult] | None, exc: BaseException

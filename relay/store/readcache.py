@@ -13,10 +13,12 @@ read, or the whole history (fewer rows than it asked for); otherwise the store a
 
 Kept consistent with every change the node can see, before that change is acknowledged
 or sent live (the promise a read replica gives, relay.store.replicas):
-- this node's writes: the writer forgets the author of every event of a committed batch
-  before it answers (a replacement, a NIP-09 deletion: the author's own events), and
-  the whole tenant for a NIP-62 request to vanish (it also deletes gift wraps other keys
-  wrote to the author);
+- this node's writes: a regular event the writer stored goes into its author's
+  prefixes where it falls in the store's order (`stored`: the author's next REQ is
+  still answered here); any other event of a committed batch (a replacement, a NIP-09
+  deletion: the author's own events; one not stored) forgets its author, and a NIP-62
+  request to vanish the whole tenant (it also deletes gift wraps other keys wrote to
+  the author);
 - other nodes' writes: the bus forgets the same for every row it reads, before it hands
   them on; the cache is used only while the bus is current (a tail read not held back by
   a running transaction within the last two polls), never by a store without one;
@@ -36,10 +38,12 @@ Pure: no I/O, no clock (the caller passes the times); relay.store.pgreader runs 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+from engram.kinds import KIND_DELETION, is_regular
 from engram.nip01 import is_hex
 from engram.nip62 import KIND_VANISH
 from relay.filters import Filter
@@ -370,6 +374,10 @@ class ReadCache:
         entry[fill.kinds] = prefix
         self.size += prefix.size
         self.fills += 1
+        self._evict()
+
+    def _evict(self) -> None:
+        """The least recently used authors go until the cache fits its budget."""
         while self.size > self.budget and self._authors:
             _, evicted = self._authors.popitem(last=False)
             self.size -= sum(x.size for x in evicted.values())
@@ -390,6 +398,50 @@ class ReadCache:
         if fills is not None:
             for fill in fills:
                 fill.stale = True
+
+    def stored(self, tenant: str, author: bytes, row: Row) -> None:
+        """This node stored an event of `author` (`row`: build_prefix's columns), before
+        it is acknowledged or sent live. A regular kind other than a deletion changes no
+        other row: it goes into each of the author's prefixes whose kinds hold it, where
+        it falls in the store's order (a prefix of `asked` rows keeps its newest `asked`;
+        one it is older than every row of is left as it is). Anything else is `changed`.
+        Fills of the author in flight are dropped either way: their statement may have
+        run before the commit."""
+        kind = row[3]
+        if kind in (KIND_DELETION, KIND_VANISH) or not is_regular(kind):
+            self.changed(tenant, author, kind)
+            return
+        key = (tenant, author)
+        fills = self._fills.get(key)
+        if fills is not None:
+            for fill in fills:
+                fill.stale = True
+        entry = self._authors.get(key)
+        if entry is None:
+            return
+        order = _newest_first(row)
+        for kinds, old in list(entry.items()):
+            if kinds is not None and kind not in kinds:
+                continue
+            rows = old.rows
+            if not old.complete and rows and _newest_first(rows[-1]) < order:
+                continue  # older than its every row: not among the author's newest `asked`
+            i = bisect_left(rows, order, key=_newest_first)
+            new_rows = [*rows[:i], row, *rows[i:]]
+            del new_rows[old.asked :]
+            # a prefix being read again in the background (refresh at infinity) is due
+            # again: that read, begun before the commit, was just dropped
+            refresh = old.refresh if old.refresh != math.inf else 0.0
+            new = Prefix(new_rows, old.asked, refresh, old.until, old.generation)
+            self.size -= old.size
+            if new.size > self.budget // 4:  # one author may not take the cache (`put`)
+                del entry[kinds]
+                continue
+            entry[kinds] = new
+            self.size += new.size
+        if not entry:
+            del self._authors[key]
+        self._evict()
 
     def forget_tenant(self, tenant: str) -> None:
         """Every prefix of the tenant, and its fills in flight, no longer count: at once,
