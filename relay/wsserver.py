@@ -350,13 +350,14 @@ class DirectSocket(asyncio.Protocol):
         rx = self.rx
         on_message = self.on_message
         assert on_message is not None
+        binary = wsframes.OP_BINARY
         try:
             while True:
                 item = rx.next()
                 if item is None:
                     break
                 opcode, payload = item
-                if opcode <= wsframes.OP_BINARY:
+                if opcode <= binary:
                     if self.close_sent:
                         continue  # we are closing: discard, keep reading for the echo
                     if not on_message(payload):
