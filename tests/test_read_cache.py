@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -253,6 +254,53 @@ async def test_a_written_hidden_event_stays_hidden_in_the_cache(
     await until(lambda: time.time() >= ends + 1, "the expiration has passed")
     assert await cached(node, newest(0)) == [note.id]
     assert await cached(node, newest(0), viewer=PK[1]) == [dm.id, note.id]
+
+
+async def test_interleaved_writes_and_reads_equal_the_statements(
+    node: Node, plain: PostgresStore, make_event: MakeEvent
+) -> None:
+    """A fixed mix of writes (notes, reactions, private messages, events expiring later,
+    replaceable profiles, deletions of earlier notes) by two authors, each followed by
+    REQs of the shapes the cache answers for three viewers: every answer equals the
+    statement's, while stored events keep joining the cached prefixes."""
+    rng = random.Random(7)
+    later = str(int(time.time()) + 3600)
+    shapes = [
+        newest(0, 3),
+        newest(0, 10),
+        newest(1, 5, kinds=[1]),
+        newest(0, 5, kinds=[1, 4]),
+        newest(1, 4, since=150),
+        newest(0, 2, until=150),
+        Filter(authors=PK[:2], limit=4),
+    ]
+    notes: list[list[Event]] = [[], []]
+    for step in range(40):
+        a, r, at = rng.randrange(2), rng.random(), 100 + rng.randrange(100)
+        if r < 0.45:
+            ev = make_event(SK[a], content=f"note {step}", created_at=at)
+            notes[a].append(ev)
+        elif r < 0.6:
+            dm = f"dm {step}"
+            ev = make_event(SK[a], kind=4, tags=[["p", PK[1 - a]]], content=dm, created_at=at)
+        elif r < 0.7:
+            ev = make_event(SK[a], kind=7, content=f"+{step}", created_at=at)
+        elif r < 0.8:
+            expiring = [["expiration", later]]
+            ev = make_event(SK[a], tags=expiring, content=f"brief {step}", created_at=at)
+        elif r < 0.9:
+            ev = make_event(SK[a], kind=0, content=f'{{"name":"{step}"}}', created_at=at)
+        elif notes[a]:
+            gone = notes[a].pop(rng.randrange(len(notes[a])))
+            ev = make_event(SK[a], kind=5, tags=[["e", gone.id]], created_at=at)
+        else:
+            continue
+        await node.store.save(ev, raw(ev))  # an older profile than the stored one loses
+        for f in shapes:
+            for viewer in (None, PK[0], PK[1]):
+                expected = await ids(plain, f, viewer=viewer)
+                assert await ids(node.store, f, viewer=viewer) == expected, (step, f, viewer)
+    assert node.cache.joined > 0 and node.cache.hits > 0
 
 
 async def test_expired_event_leaves_the_cache(node: Node, make_event: MakeEvent) -> None:

@@ -194,6 +194,7 @@ class ReadCache:
         self.due: list[tuple[str, Need, Prefix]] = []
         self.hits = 0  # REQs answered here (tests and /metrics)
         self.fills = 0  # prefixes installed
+        self.joined = 0  # stored events put into prefixes (`stored`; tests)
 
     def __len__(self) -> int:
         return len(self._authors)
@@ -439,6 +440,7 @@ class ReadCache:
                 continue
             entry[kinds] = new
             self.size += new.size
+            self.joined += 1
         if not entry:
             del self._authors[key]
         self._evict()
