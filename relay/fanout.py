@@ -157,10 +157,11 @@ class FanOut:
     ) -> Subscription:
         """Add (or replace) a subscription."""
         subs = self._by_conn.get(id(conn))
+        if subs is not None and sub_id in subs:
+            self.unsubscribe(conn, sub_id)
+            subs = self._by_conn.get(id(conn))  # gone if that was the connection's last
         if subs is None:
             subs = self._by_conn[id(conn)] = {}
-        elif sub_id in subs:
-            self.unsubscribe(conn, sub_id)
         sub = Subscription(conn, sub_id, filters, pending)
         subs[sub_id] = sub
         self._count += 1

@@ -56,6 +56,23 @@ def test_unsubscribe_and_drop_connection_clean_the_index():
     assert len(fan) == 0 and not fan._index and not fan._by_conn and not fan._classes
 
 
+def test_a_req_replacing_the_connections_only_subscription_stays_registered():
+    """A REQ with the id of the connection's only open subscription replaces it: the new
+    one is current, counted and delivered to; the old one is gone (its filter matches
+    nothing any more)."""
+    fan = FanOut()
+    a = Conn()
+    old = fan.subscribe(a, "s", [f({"kinds": [1]})])
+    new = fan.subscribe(a, "s", [f({"kinds": [7]})])
+    assert fan.is_current(new) and not fan.is_current(old)
+    assert fan.count_for(a) == 1 and len(fan) == 1 and fan.get(a, "s") is new
+    for kind in (1, 7):
+        e = ev(SK[0], kind=kind)
+        fan.publish(e, encode_event(e))
+    assert a.frames == [b'["EVENT","s",' + encode_event(ev(SK[0], kind=7)) + b"]"]
+    assert fan.unsubscribe(a, "s") and len(fan) == 0 and not fan._by_conn
+
+
 def test_equal_filters_share_a_verdict_but_not_a_gate():
     """Subscriptions with equal filters are matched once per event; the engram gate is
     still per connection."""
