@@ -69,6 +69,28 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", HypothesisSideeffectWarning)
     importlib.import_module("hypothesis.strategies._internal.regex")
 
+# --- bytecode for the processes the tests start -----------------------------------------
+# Every relay and `engram` process the suite starts (hundreds of each) imports the project
+# afresh. Where PYTHONDONTWRITEBYTECODE is set, as in some shells and containers, nothing
+# ever writes the project's bytecode, so each of those processes compiles some 10,000
+# lines again: a quarter of a relay's or a command's start-up CPU. Compiled once here,
+# before any worker starts (Python's own cache files, gitignored, written where Python
+# would write them itself, PYTHONPYCACHEPREFIX included); up-to-date files are only looked
+# at. Nothing a test checks depends on it.
+PROJECT_PACKAGES = ("engram", "relay", "cli", "bench")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller compiled already
+        return
+    import compileall
+
+    for package in PROJECT_PACKAGES:
+        path = config.rootpath / package
+        if path.is_dir():
+            compileall.compile_dir(path, quiet=2)
+
+
 # --- xdist: a module marked xdist_group runs on one worker -----------------------------
 # `--dist loadgroup` (pyproject addopts) finds a group by the "@group" suffix xdist's workers
 # add to each nodeid; pytest 9.2 builds nodeids from a structured id, so that suffix no longer

@@ -152,14 +152,18 @@ async def test_hanging_tcp_times_out_with_exit_2() -> None:
 async def test_relays_that_accept_and_never_answer_end_mem_at_its_deadline() -> None:
     """Silent before the websocket handshake, and after it: `engram mem ls` (and a read
     and a write) end at --timeout with exit 2, naming no result."""
+    commands = [("ls",), ("get", "x"), ("set", "x", "v")]
     async with stalling_relays() as stalled:
-        for url in stalled:
-            for args in (("ls",), ("get", "x"), ("set", "x", "v")):
-                result = await run(url, "mem", *args, "--timeout", "2")
-                err = result.stderr.decode()
-                assert result.returncode == 2, (url, args, err)
-                assert "timed out" in err and err.count("\n") == 1, err
-                assert result.stdout == b""
+        # all six wait out their deadlines at once (each is its own process and client)
+        cases = [(url, args) for url in stalled for args in commands]
+        results = await asyncio.gather(
+            *(run(url, "mem", *args, "--timeout", "2") for url, args in cases)
+        )
+    for (url, args), result in zip(cases, results, strict=True):
+        err = result.stderr.decode()
+        assert result.returncode == 2, (url, args, err)
+        assert "timed out" in err and err.count("\n") == 1, err
+        assert result.stdout == b""
 
 
 def test_unexpected_errors_are_exit_4_on_one_line() -> None:

@@ -1,11 +1,12 @@
 """NIP-86 relay management, authorized by NIP-98, against real relay processes.
 
-Two nodes on one PostgreSQL, two tenants (a.test: admin ADMIN_A; b.test: members only)
-and one operator for the whole relay. Calls are made the way NIP-86 clients (Amethyst,
-NORMA) make them: POST to the relay's URL with `Content-Type: application/nostr+json+rpc`
-and a NIP-98 `Authorization: Nostr <base64>` event built and signed by nostr-sdk. A
-change made through one node holds on the other once it reloaded its configuration;
-each wait ends on a positive marker (a NIP-11 name set after the change), never a sleep.
+Two nodes on one PostgreSQL (shared by the module), two new tenants for each test (a:
+admin ADMIN_A; b: members only) and one operator for the whole relay. Calls are made the
+way NIP-86 clients (Amethyst, NORMA) make them: POST to the relay's URL with
+`Content-Type: application/nostr+json+rpc` and a NIP-98 `Authorization: Nostr <base64>`
+event built and signed by nostr-sdk. A change made through one node holds on the other
+once it reloaded its configuration; each wait ends on a positive marker (a NIP-11 name
+set after the change), never a sleep.
 """
 
 from __future__ import annotations
@@ -17,12 +18,16 @@ import http.client
 import json
 import os
 import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import asyncpg
 import pytest
 from cli_support import tenant_cli
 from nostr_sdk import EventBuilder, Keys, Kind, Tag, Timestamp
+from relay_fixtures import create_database_sync, launch_relay
 from test_tenants import connect, ev, http_get, wait_for
 
 from engram.nip01 import pubkey_of
@@ -107,28 +112,67 @@ def synced(node: Any, host: str, marker: str, via: Any) -> None:
     wait_for(lambda: nip11_name(node.port, host) == marker)
 
 
+ENV = {
+    "ENGRAM_TENANT_REFRESH_SECONDS": "0.5",
+    "ENGRAM_BUS_POLL_SECONDS": "0.5",
+    "ENGRAM_OPERATORS": pubkey_of(OPERATOR),
+    # as behind a TLS proxy: the tenants are wss://<host> (the hosts each test adds)
+    "ENGRAM_PUBLIC_URLS": "wss://relay.test",
+}
+
+
+@pytest.fixture(scope="module")
+def pair(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
+    """Two nodes on one database, shared by the module's tests: each test adds tenants of
+    its own (`nodes`), so no test sees another's moderation, members or events (every
+    list, ban and event is kept per tenant)."""
+    tmp = str(tmp_path_factory.mktemp("nip86"))
+    first = launch_relay(create_database_sync(pg_server_url), tmp, ENV)
+    try:
+        second = launch_relay(first.database_url, tmp, ENV)
+        try:
+            yield first, second
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+
+
+def tenant_setup(db_url: str, *args: str) -> None:
+    """`engram tenant ARGS --database-url DB_URL`, the same command run in this process
+    (in a thread of its own: the command runs its own event loop), for a fixture's setup;
+    the tests' own CLI calls are real processes (`tenant_cli`)."""
+    from typer.testing import CliRunner
+
+    from cli.commands.main import app
+
+    def invoke() -> Any:
+        return CliRunner().invoke(app, ["tenant", *args, "--database-url", db_url])
+
+    with ThreadPoolExecutor(1) as pool:
+        result = pool.submit(invoke).result()
+    assert result.exit_code == 0, (args, result.output, result.exception)
+
+
 @pytest.fixture
-def nodes(start_relay):
-    env = {
-        "ENGRAM_TENANT_REFRESH_SECONDS": "0.5",
-        "ENGRAM_BUS_POLL_SECONDS": "0.5",
-        "ENGRAM_OPERATORS": pubkey_of(OPERATOR),
-        # as behind a TLS proxy: the tenants are wss://a.test and wss://b.test
-        "ENGRAM_PUBLIC_URLS": "wss://relay.test",
-    }
-    first = start_relay(env=env)
+def nodes(pair: tuple) -> tuple:
+    """(node 1, node 2, host a, host b): two new tenants on the module's two nodes, a (open,
+    admin ADMIN_A) and b (members only: SPAMMER), both named "ready" once both nodes
+    loaded them."""
+    first, second = pair
     db = first.database_url
-    tenant_cli(db, "add", "a.test")
-    tenant_cli(db, "add", "b.test", "--write", "members")
-    tenant_cli(db, "member", "add", "b.test", pubkey_of(SPAMMER))
-    tenant_cli(db, "admin", "add", "a.test", pubkey_of(ADMIN_A))
-    second = start_relay(database_url=db, env=env)
-    tenant_cli(db, "set", "a.test", "--name", "ready")
-    tenant_cli(db, "set", "b.test", "--name", "ready")
+    tag = uuid.uuid4().hex[:8]
+    ta, tb = f"a-{tag}.test", f"b-{tag}.test"
+    tenant_setup(db, "add", ta)
+    tenant_setup(db, "add", tb, "--write", "members")
+    tenant_setup(db, "member", "add", tb, pubkey_of(SPAMMER))
+    tenant_setup(db, "admin", "add", ta, pubkey_of(ADMIN_A))
+    tenant_setup(db, "set", ta, "--name", "ready")
+    tenant_setup(db, "set", tb, "--name", "ready")
     for node in (first, second):
-        for host in ("a.test", "b.test"):
+        for host in (ta, tb):
             wait_for(lambda n=node, h=host: nip11_name(n.port, h) == "ready")
-    return first, second
+    return first, second, ta, tb
 
 
 async def published(port: int, host: str, *events: Any) -> list[list[Any]]:
@@ -148,16 +192,16 @@ async def query(port: int, host: str, flt: dict[str, Any]) -> list[dict[str, Any
 
 
 def test_refusals_change_nothing(nodes):
-    n1, _ = nodes
-    port, host = n1.port, "a.test"
+    n1, _, ta, tb = nodes
+    port, host = n1.port, ta
     target = pubkey_of(STRANGER)
     now = int(time.time())
     cases = {
         "unauthenticated": dict(sk=None),
         "wrong pubkey": dict(sk=STRANGER),
-        "admin of another tenant": dict(sk=ADMIN_A, host="b.test"),
-        "wrong u": dict(sk=OPERATOR, url="https://b.test/"),
-        "wrong path in u": dict(sk=OPERATOR, url="https://a.test/other"),
+        "admin of another tenant": dict(sk=ADMIN_A, host=tb),
+        "wrong u": dict(sk=OPERATOR, url=f"https://{tb}/"),
+        "wrong path in u": dict(sk=OPERATOR, url=f"https://{ta}/other"),
         "wrong payload hash": dict(sk=OPERATOR, payload="00" * 32),
         "wrong method tag": dict(sk=OPERATOR, http_method="GET"),
         "stale created_at": dict(sk=OPERATOR, created_at=now - 600),
@@ -171,7 +215,7 @@ def test_refusals_change_nothing(nodes):
         assert answer["result"] is None and answer["error"].startswith("unauthorized"), name
     # the NIP-98 event itself must match the body actually sent
     body = json.dumps({"method": "banpubkey", "params": [target]}).encode()
-    signed_for_other = auth_header(OPERATOR, "https://a.test/", b'{"method":"supportedmethods"}')
+    signed_for_other = auth_header(OPERATOR, f"https://{ta}/", b'{"method":"supportedmethods"}')
     status, _, headers = post(
         port, host, body, {"Content-Type": RPC, "Authorization": signed_for_other}
     )
@@ -212,8 +256,8 @@ def test_refusals_change_nothing(nodes):
 
 
 def test_supported_methods_are_the_ones_that_act(nodes, start_relay):
-    n1, _ = nodes
-    methods = call(n1.port, "a.test", ADMIN_A, "supportedmethods")
+    n1, _, ta, _ = nodes
+    methods = call(n1.port, ta, ADMIN_A, "supportedmethods")
     assert methods[0] == "supportedmethods"
     assert set(methods) == {
         "supportedmethods",
@@ -256,189 +300,187 @@ def test_supported_methods_are_the_ones_that_act(nodes, start_relay):
 
 
 async def test_ban_pubkey_through_one_node_holds_on_the_other(nodes):
-    n1, n2 = nodes
+    n1, n2, ta, tb = nodes
     spam = [ev(SPAMMER, content=f"buy now {i}") for i in range(3)]
     keep = ev(STRANGER, content="a real note")
-    for ok in await published(n2.port, "a.test", *spam, keep):
+    for ok in await published(n2.port, ta, *spam, keep):
         assert ok[2] is True, ok
     in_b = ev(SPAMMER, content="a member's note in b")
-    assert (await published(n2.port, "b.test", in_b))[0][2] is True
+    assert (await published(n2.port, tb, in_b))[0][2] is True
     spammer = pubkey_of(SPAMMER)
 
-    assert call(n1.port, "a.test", ADMIN_A, "banpubkey", spammer, "spam") is True
-    assert call(n2.port, "a.test", OPERATOR, "listbannedpubkeys") == [
+    assert call(n1.port, ta, ADMIN_A, "banpubkey", spammer, "spam") is True
+    assert call(n2.port, ta, OPERATOR, "listbannedpubkeys") == [
         {"pubkey": spammer, "reason": "spam"}
     ]
-    shown = json.loads(tenant_cli(n1.database_url, "moderation", "a.test").stdout)
+    shown = json.loads(tenant_cli(n1.database_url, "moderation", ta).stdout)
     assert shown["banned_pubkeys"] == [{"pubkey": spammer, "reason": "spam"}]
     # stored events are gone at once, on both nodes (one database)
     for node in (n1, n2):
-        got = await query(node.port, "a.test", {"kinds": [1]})
+        got = await query(node.port, ta, {"kinds": [1]})
         assert [e["id"] for e in got] == [keep.id]
     # the applying node refuses at once; the other once it reloaded
-    ok = (await published(n1.port, "a.test", ev(SPAMMER, content="again")))[0]
+    ok = (await published(n1.port, ta, ev(SPAMMER, content="again")))[0]
     assert ok[2] is False and ok[3].startswith("blocked:"), ok
-    synced(n2, "a.test", "after ban", via=n1)
-    ok = (await published(n2.port, "a.test", ev(SPAMMER, content="via the other node")))[0]
+    synced(n2, ta, "after ban", via=n1)
+    ok = (await published(n2.port, ta, ev(SPAMMER, content="via the other node")))[0]
     assert ok[2] is False and ok[3].startswith("blocked:"), ok
-    assert await query(n2.port, "a.test", {"authors": [spammer]}) == []
+    assert await query(n2.port, ta, {"authors": [spammer]}) == []
     # another tenant is not affected
-    assert [e["id"] for e in await query(n2.port, "b.test", {"authors": [spammer]})] == [in_b.id]
-    assert (await published(n2.port, "b.test", ev(SPAMMER, content="still fine")))[0][2] is True
-    assert call(n2.port, "b.test", OPERATOR, "listbannedpubkeys") == []
+    assert [e["id"] for e in await query(n2.port, tb, {"authors": [spammer]})] == [in_b.id]
+    assert (await published(n2.port, tb, ev(SPAMMER, content="still fine")))[0][2] is True
+    assert call(n2.port, tb, OPERATOR, "listbannedpubkeys") == []
 
-    assert call(n2.port, "a.test", ADMIN_A, "unbanpubkey", spammer) is True
-    assert call(n1.port, "a.test", OPERATOR, "listbannedpubkeys") == []
-    synced(n1, "a.test", "after unban", via=n2)
-    assert (await published(n1.port, "a.test", ev(SPAMMER, content="reformed")))[0][2] is True
+    assert call(n2.port, ta, ADMIN_A, "unbanpubkey", spammer) is True
+    assert call(n1.port, ta, OPERATOR, "listbannedpubkeys") == []
+    synced(n1, ta, "after unban", via=n2)
+    assert (await published(n1.port, ta, ev(SPAMMER, content="reformed")))[0][2] is True
 
 
 async def test_cli_and_api_share_one_state(nodes):
-    n1, n2 = nodes
+    n1, n2, ta, tb = nodes
     db = n1.database_url
     stranger = pubkey_of(STRANGER)
-    tenant_cli(db, "ban", "a.test", stranger, "--reason", "from the shell")
-    assert call(n2.port, "a.test", ADMIN_A, "listbannedpubkeys") == [
+    tenant_cli(db, "ban", ta, stranger, "--reason", "from the shell")
+    assert call(n2.port, ta, ADMIN_A, "listbannedpubkeys") == [
         {"pubkey": stranger, "reason": "from the shell"}
     ]
-    synced(n2, "a.test", "after cli ban", via=n1)
-    ok = (await published(n2.port, "a.test", ev(STRANGER, content="hi")))[0]
+    synced(n2, ta, "after cli ban", via=n1)
+    ok = (await published(n2.port, ta, ev(STRANGER, content="hi")))[0]
     assert ok[2] is False and ok[3].startswith("blocked:")
-    call(n1.port, "a.test", ADMIN_A, "unbanpubkey", stranger)
-    assert json.loads(tenant_cli(db, "moderation", "a.test").stdout)["banned_pubkeys"] == []
-    call(n1.port, "b.test", OPERATOR, "blockip", "10.9.8.7", "scraper")
-    tenant_cli(db, "disallow-kind", "b.test", "7")
-    shown = json.loads(tenant_cli(db, "moderation", "b.test").stdout)
+    call(n1.port, ta, ADMIN_A, "unbanpubkey", stranger)
+    assert json.loads(tenant_cli(db, "moderation", ta).stdout)["banned_pubkeys"] == []
+    call(n1.port, tb, OPERATOR, "blockip", "10.9.8.7", "scraper")
+    tenant_cli(db, "disallow-kind", tb, "7")
+    shown = json.loads(tenant_cli(db, "moderation", tb).stdout)
     assert shown["blocked_ips"] == [{"ip": "10.9.8.7", "reason": "scraper"}]
     assert shown["disallowed_kinds"] == [7]
-    tenant_cli(db, "unblock-ip", "b.test", "10.9.8.7")
-    assert call(n2.port, "b.test", OPERATOR, "listblockedips") == []
+    tenant_cli(db, "unblock-ip", tb, "10.9.8.7")
+    assert call(n2.port, tb, OPERATOR, "listblockedips") == []
     assert tenant_cli(db, "ban", "nowhere.test", stranger, check=False).returncode == 1
 
 
 async def test_allow_pubkey_makes_a_member(nodes):
-    n1, n2 = nodes
+    n1, n2, ta, tb = nodes
     member = pubkey_of(MEMBER)
     # on an open tenant everyone may publish: allowing is refused, naming what would make
     # it mean something (the write policy is the operator's own decision), and nothing
     # changes
-    status, answer = rpc(n1.port, "a.test", OPERATOR, "allowpubkey", [member])
+    status, answer = rpc(n1.port, ta, OPERATOR, "allowpubkey", [member])
     assert status == 400 and "--write members" in answer["error"], answer
-    assert call(n1.port, "a.test", OPERATOR, "listallowedpubkeys") == []
-    assert json.loads(tenant_cli(n1.database_url, "show", "a.test").stdout)["members"] == []
-    ok = (await published(n2.port, "b.test", ev(MEMBER, content="let me in")))[0]
+    assert call(n1.port, ta, OPERATOR, "listallowedpubkeys") == []
+    assert json.loads(tenant_cli(n1.database_url, "show", ta).stdout)["members"] == []
+    ok = (await published(n2.port, tb, ev(MEMBER, content="let me in")))[0]
     assert ok[2] is False and ok[3].startswith("auth-required:")
-    assert call(n1.port, "b.test", OPERATOR, "allowpubkey", member, "invited") is True
-    assert {"pubkey": member} in call(n1.port, "b.test", OPERATOR, "listallowedpubkeys")
-    assert member in tenant_cli(n1.database_url, "member", "ls", "b.test").stdout
-    synced(n2, "b.test", "after allow", via=n1)
-    assert (await published(n2.port, "b.test", ev(MEMBER, content="in")))[0][2] is True
+    assert call(n1.port, tb, OPERATOR, "allowpubkey", member, "invited") is True
+    assert {"pubkey": member} in call(n1.port, tb, OPERATOR, "listallowedpubkeys")
+    assert member in tenant_cli(n1.database_url, "member", "ls", tb).stdout
+    synced(n2, tb, "after allow", via=n1)
+    assert (await published(n2.port, tb, ev(MEMBER, content="in")))[0][2] is True
     # NIP-86: a ban takes the author off the allow list, allowing lifts the ban
-    assert call(n1.port, "b.test", OPERATOR, "banpubkey", member, "oops") is True
-    assert {"pubkey": member} not in call(n1.port, "b.test", OPERATOR, "listallowedpubkeys")
-    assert call(n1.port, "b.test", OPERATOR, "allowpubkey", member) is True
-    assert call(n1.port, "b.test", OPERATOR, "listbannedpubkeys") == []
-    tenant_cli(n1.database_url, "ban", "b.test", member)
-    tenant_cli(n1.database_url, "member", "add", "b.test", member)  # the CLI's allowpubkey
-    assert call(n1.port, "b.test", OPERATOR, "listbannedpubkeys") == []
-    assert {"pubkey": member} in call(n1.port, "b.test", OPERATOR, "listallowedpubkeys")
-    assert call(n1.port, "b.test", OPERATOR, "unallowpubkey", member) is True
-    assert {"pubkey": member} not in call(n2.port, "b.test", OPERATOR, "listallowedpubkeys")
-    synced(n2, "b.test", "after unallow", via=n1)
-    ok = (await published(n2.port, "b.test", ev(MEMBER, content="out")))[0]
+    assert call(n1.port, tb, OPERATOR, "banpubkey", member, "oops") is True
+    assert {"pubkey": member} not in call(n1.port, tb, OPERATOR, "listallowedpubkeys")
+    assert call(n1.port, tb, OPERATOR, "allowpubkey", member) is True
+    assert call(n1.port, tb, OPERATOR, "listbannedpubkeys") == []
+    tenant_cli(n1.database_url, "ban", tb, member)
+    tenant_cli(n1.database_url, "member", "add", tb, member)  # the CLI's allowpubkey
+    assert call(n1.port, tb, OPERATOR, "listbannedpubkeys") == []
+    assert {"pubkey": member} in call(n1.port, tb, OPERATOR, "listallowedpubkeys")
+    assert call(n1.port, tb, OPERATOR, "unallowpubkey", member) is True
+    assert {"pubkey": member} not in call(n2.port, tb, OPERATOR, "listallowedpubkeys")
+    synced(n2, tb, "after unallow", via=n1)
+    ok = (await published(n2.port, tb, ev(MEMBER, content="out")))[0]
     assert ok[2] is False and ok[3].startswith("auth-required:")
     # the tenant admin of a.test administers a.test only
-    status, _ = rpc(n1.port, "b.test", ADMIN_A, "allowpubkey", [member])
+    status, _ = rpc(n1.port, tb, ADMIN_A, "allowpubkey", [member])
     assert status == 401
 
 
 async def test_ban_event_and_the_reports_queue(nodes):
-    n1, n2 = nodes
+    n1, n2, ta, tb = nodes
     bad, fine, elsewhere = (ev(STRANGER, content=c) for c in ("bad", "fine", "in b"))
     reports = [
         ev(REPORTER, 1984, [("e", bad.id, "illegal"), ("p", bad.pubkey)]),
         ev(REPORTER, 1984, [("e", fine.id, "spam")]),
     ]
-    for ok in await published(n1.port, "a.test", bad, fine, *reports):
+    for ok in await published(n1.port, ta, bad, fine, *reports):
         assert ok[2] is True, ok
-    tenant_cli(n1.database_url, "member", "add", "b.test", pubkey_of(STRANGER))
-    tenant_cli(n1.database_url, "member", "add", "b.test", pubkey_of(REPORTER))
-    synced(n2, "b.test", "members in", via=n1)
+    tenant_cli(n1.database_url, "member", "add", tb, pubkey_of(STRANGER))
+    tenant_cli(n1.database_url, "member", "add", tb, pubkey_of(REPORTER))
+    synced(n2, tb, "members in", via=n1)
     in_b = [elsewhere, ev(REPORTER, 1984, [("e", elsewhere.id, "spam")])]
-    for ok in await published(n2.port, "b.test", *in_b):
+    for ok in await published(n2.port, tb, *in_b):
         assert ok[2] is True, ok
 
-    queue = call(n2.port, "a.test", ADMIN_A, "listeventsneedingmoderation")
+    queue = call(n2.port, ta, ADMIN_A, "listeventsneedingmoderation")
     assert sorted(queue, key=lambda x: x["id"]) == sorted(
         [{"id": bad.id, "reason": "illegal"}, {"id": fine.id, "reason": "spam"}],
         key=lambda x: x["id"],
     )
-    assert call(n2.port, "b.test", OPERATOR, "listeventsneedingmoderation") == [
+    assert call(n2.port, tb, OPERATOR, "listeventsneedingmoderation") == [
         {"id": elsewhere.id, "reason": "spam"}
     ]
 
-    assert call(n1.port, "a.test", ADMIN_A, "banevent", bad.id, "illegal content") is True
-    assert call(n1.port, "a.test", ADMIN_A, "allowevent", fine.id, "not spam") is True
-    assert call(n2.port, "a.test", ADMIN_A, "listbannedevents") == [
+    assert call(n1.port, ta, ADMIN_A, "banevent", bad.id, "illegal content") is True
+    assert call(n1.port, ta, ADMIN_A, "allowevent", fine.id, "not spam") is True
+    assert call(n2.port, ta, ADMIN_A, "listbannedevents") == [
         {"id": bad.id, "reason": "illegal content"}
     ]
-    assert call(n2.port, "a.test", ADMIN_A, "listeventsneedingmoderation") == []
+    assert call(n2.port, ta, ADMIN_A, "listeventsneedingmoderation") == []
     for node in (n1, n2):
-        assert await query(node.port, "a.test", {"ids": [bad.id]}) == []
-        assert len(await query(node.port, "a.test", {"ids": [fine.id]})) == 1
-    synced(n2, "a.test", "after banevent", via=n1)
+        assert await query(node.port, ta, {"ids": [bad.id]}) == []
+        assert len(await query(node.port, ta, {"ids": [fine.id]})) == 1
+    synced(n2, ta, "after banevent", via=n1)
     for node in (n1, n2):
-        ok = (await published(node.port, "a.test", bad))[0]
+        ok = (await published(node.port, ta, bad))[0]
         assert ok[2] is False and ok[3].startswith("blocked:"), ok
     # b.test keeps its own copy of the world
-    assert len(await query(n1.port, "b.test", {"ids": [elsewhere.id]})) == 1
-    assert call(n2.port, "a.test", ADMIN_A, "listallowedevents") == [
+    assert len(await query(n1.port, tb, {"ids": [elsewhere.id]})) == 1
+    assert call(n2.port, ta, ADMIN_A, "listallowedevents") == [
         {"id": fine.id, "reason": "not spam"}
     ]
     # unallowevent: the still-reported event is back on the queue
-    assert call(n1.port, "a.test", ADMIN_A, "unallowevent", fine.id) is True
-    assert call(n1.port, "a.test", ADMIN_A, "listallowedevents") == []
-    assert call(n1.port, "a.test", ADMIN_A, "listeventsneedingmoderation") == [
+    assert call(n1.port, ta, ADMIN_A, "unallowevent", fine.id) is True
+    assert call(n1.port, ta, ADMIN_A, "listallowedevents") == []
+    assert call(n1.port, ta, ADMIN_A, "listeventsneedingmoderation") == [
         {"id": fine.id, "reason": "spam"}
     ]
     # unbanevent: the id may be sent again (what was deleted stays deleted)
-    assert call(n1.port, "a.test", ADMIN_A, "unbanevent", bad.id) is True
-    assert call(n2.port, "a.test", ADMIN_A, "listbannedevents") == []
-    synced(n2, "a.test", "after unbanevent", via=n1)
-    assert (await published(n2.port, "a.test", bad))[0][2] is True
-    tenant_cli(n1.database_url, "ban-event", "a.test", bad.id)
-    tenant_cli(n1.database_url, "unban-event", "a.test", bad.id)
-    assert call(n2.port, "a.test", ADMIN_A, "listbannedevents") == []
+    assert call(n1.port, ta, ADMIN_A, "unbanevent", bad.id) is True
+    assert call(n2.port, ta, ADMIN_A, "listbannedevents") == []
+    synced(n2, ta, "after unbanevent", via=n1)
+    assert (await published(n2.port, ta, bad))[0][2] is True
+    tenant_cli(n1.database_url, "ban-event", ta, bad.id)
+    tenant_cli(n1.database_url, "unban-event", ta, bad.id)
+    assert call(n2.port, ta, ADMIN_A, "listbannedevents") == []
 
 
 async def test_kinds(nodes):
-    n1, n2 = nodes
-    assert call(n1.port, "a.test", ADMIN_A, "disallowkind", 7) is True
-    synced(n2, "a.test", "no reactions", via=n1)
-    ok = (await published(n2.port, "a.test", ev(STRANGER, 7, content="+")))[0]
+    n1, n2, ta, tb = nodes
+    assert call(n1.port, ta, ADMIN_A, "disallowkind", 7) is True
+    synced(n2, ta, "no reactions", via=n1)
+    ok = (await published(n2.port, ta, ev(STRANGER, 7, content="+")))[0]
     assert ok[2] is False and ok[3] == "blocked: kind 7 is not allowed on this relay"
-    assert (await published(n2.port, "a.test", ev(STRANGER, 30023, [("d", "x")])))[0][2] is True
-    assert call(n1.port, "a.test", ADMIN_A, "allowkind", 1) is True
-    assert call(n1.port, "a.test", ADMIN_A, "allowkind", 0) is True
-    assert call(n2.port, "a.test", ADMIN_A, "listallowedkinds") == [0, 1]
-    synced(n2, "a.test", "notes only", via=n1)
-    assert (await published(n2.port, "a.test", ev(STRANGER, content="note")))[0][2] is True
-    ok = (await published(n2.port, "a.test", ev(STRANGER, 30023, [("d", "y")])))[0]
+    assert (await published(n2.port, ta, ev(STRANGER, 30023, [("d", "x")])))[0][2] is True
+    assert call(n1.port, ta, ADMIN_A, "allowkind", 1) is True
+    assert call(n1.port, ta, ADMIN_A, "allowkind", 0) is True
+    assert call(n2.port, ta, ADMIN_A, "listallowedkinds") == [0, 1]
+    synced(n2, ta, "notes only", via=n1)
+    assert (await published(n2.port, ta, ev(STRANGER, content="note")))[0][2] is True
+    ok = (await published(n2.port, ta, ev(STRANGER, 30023, [("d", "y")])))[0]
     assert ok[2] is False and ok[3].startswith("blocked:")
-    assert (await published(n2.port, "b.test", ev(SPAMMER, 7, content="+")))[0][2] is True
-    assert call(n1.port, "a.test", ADMIN_A, "disallowkind", 1) is True
-    assert call(n1.port, "a.test", ADMIN_A, "listallowedkinds") == [0]
-    assert call(n1.port, "a.test", ADMIN_A, "listdisallowedkinds") == [1, 7]
+    assert (await published(n2.port, tb, ev(SPAMMER, 7, content="+")))[0][2] is True
+    assert call(n1.port, ta, ADMIN_A, "disallowkind", 1) is True
+    assert call(n1.port, ta, ADMIN_A, "listallowedkinds") == [0]
+    assert call(n1.port, ta, ADMIN_A, "listdisallowedkinds") == [1, 7]
 
 
 async def test_blocked_ip_cannot_connect(nodes):
-    n1, n2 = nodes
-    already = await connect(n2.port, "a.test")  # connected before the block
-    assert call(n1.port, "a.test", ADMIN_A, "blockip", "127.0.0.1", "abuse") is True
-    assert call(n2.port, "a.test", ADMIN_A, "listblockedips") == [
-        {"ip": "127.0.0.1", "reason": "abuse"}
-    ]
-    synced(n2, "a.test", "blocked", via=n1)
+    n1, n2, ta, tb = nodes
+    already = await connect(n2.port, ta)  # connected before the block
+    assert call(n1.port, ta, ADMIN_A, "blockip", "127.0.0.1", "abuse") is True
+    assert call(n2.port, ta, ADMIN_A, "listblockedips") == [{"ip": "127.0.0.1", "reason": "abuse"}]
+    synced(n2, ta, "blocked", via=n1)
     try:  # what it sends now is refused
         await already.send(["EVENT", ev(STRANGER, content="still here?")])
         assert (await already.expect("NOTICE"))[1] == "blocked: your address is blocked here"
@@ -446,39 +488,39 @@ async def test_blocked_ip_cannot_connect(nodes):
         await already.close()
     for node in (n1, n2):
         with pytest.raises(Exception) as refused:
-            await connect(node.port, "a.test")
+            await connect(node.port, ta)
         assert "403" in str(refused.value)
-    c = await connect(n2.port, "b.test")  # another tenant: not blocked
+    c = await connect(n2.port, tb)  # another tenant: not blocked
     await c.close()
-    assert call(n1.port, "a.test", ADMIN_A, "unblockip", "127.0.0.1") is True
-    synced(n2, "a.test", "unblocked", via=n1)
-    c = await connect(n2.port, "a.test")
+    assert call(n1.port, ta, ADMIN_A, "unblockip", "127.0.0.1") is True
+    synced(n2, ta, "unblocked", via=n1)
+    c = await connect(n2.port, ta)
     await c.close()
 
 
 def test_relay_information_follows(nodes):
-    n1, n2 = nodes
-    call(n1.port, "a.test", ADMIN_A, "changerelaydescription", "A calm place")
-    call(n1.port, "a.test", ADMIN_A, "changerelayicon", "https://a.test/icon.png")
-    call(n1.port, "a.test", ADMIN_A, "changerelayname", "Alpha")
+    n1, n2, ta, tb = nodes
+    call(n1.port, ta, ADMIN_A, "changerelaydescription", "A calm place")
+    call(n1.port, ta, ADMIN_A, "changerelayicon", f"https://{ta}/icon.png")
+    call(n1.port, ta, ADMIN_A, "changerelayname", "Alpha")
     for node in (n1, n2):
-        wait_for(lambda n=node: nip11_name(n.port, "a.test") == "Alpha")
-        doc = json.loads(http_get(node.port, "a.test")[1])
+        wait_for(lambda n=node: nip11_name(n.port, ta) == "Alpha")
+        doc = json.loads(http_get(node.port, ta)[1])
         assert doc["description"] == "A calm place"
-        assert doc["icon"] == "https://a.test/icon.png"
-    shown = json.loads(tenant_cli(n1.database_url, "show", "a.test").stdout)
+        assert doc["icon"] == f"https://{ta}/icon.png"
+    shown = json.loads(tenant_cli(n1.database_url, "show", ta).stdout)
     assert shown["name"] == "Alpha" and shown["admins"] == [pubkey_of(ADMIN_A)]
-    assert nip11_name(n2.port, "b.test") == "ready"
+    assert nip11_name(n2.port, tb) == "ready"
 
 
 def test_cors_preflight_allows_management_calls(nodes):
-    n1, _ = nodes
+    n1, _, ta, _ = nodes
     conn = http.client.HTTPConnection("127.0.0.1", n1.port, timeout=10)
     conn.request(
         "OPTIONS",
         "/",
         headers={
-            "Host": "a.test",
+            "Host": ta,
             "Origin": "https://norma.example",
             "Access-Control-Request-Method": "POST",
             "Access-Control-Request-Headers": "authorization, content-type",
@@ -495,12 +537,12 @@ async def test_a_nostr_sdk_client_needs_no_adjustment(nodes):
     """Amethyst and NORMA turn wss://host into https://host/ for `u`; both forms, with
     the default port or without a trailing slash, are the tenant's own URL. Another
     scheme or port is another relay (the relay's public URL is wss://, port 443)."""
-    n1, _ = nodes
-    for url in ("https://a.test/", "https://a.test", "wss://a.test", "https://a.test:443/"):
-        status, answer = rpc(n1.port, "a.test", ADMIN_A, "supportedmethods", url=url)
+    n1, _, ta, _ = nodes
+    for url in (f"https://{ta}/", f"https://{ta}", f"wss://{ta}", f"https://{ta}:443/"):
+        status, answer = rpc(n1.port, ta, ADMIN_A, "supportedmethods", url=url)
         assert status == 200, (url, answer)
-    for url in (f"http://a.test:{n1.port}/", "http://a.test/", "https://a.test:8443/"):
-        status, answer = rpc(n1.port, "a.test", ADMIN_A, "supportedmethods", url=url)
+    for url in (f"http://{ta}:{n1.port}/", f"http://{ta}/", f"https://{ta}:8443/"):
+        status, answer = rpc(n1.port, ta, ADMIN_A, "supportedmethods", url=url)
         assert status == 401 and "u tag" in answer["error"], (url, answer)
     await asyncio.sleep(0)
 
@@ -581,7 +623,7 @@ def test_operators_are_checked_at_start() -> None:
 
 
 def test_an_oversized_body_is_refused_unread(nodes):
-    n1, _ = nodes
+    n1, _, ta, _ = nodes
     body = b'{"method": "supportedmethods", "params": ["' + b"x" * 200_000 + b'"]}'
-    status, answer, _ = post(n1.port, "a.test", body, {"Content-Type": RPC})
+    status, answer, _ = post(n1.port, ta, body, {"Content-Type": RPC})
     assert status == 413 and "larger than" in answer["error"]

@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+from collections.abc import Iterator
 
 import msgspec
 import pytest
+from cli_support import shared_relay
+from relay_fixtures import RelayProcess
 
 from engram.nip01 import sign_event
 from relay import wsframes
@@ -193,6 +196,14 @@ def test_python_unmask_matches_the_c_one():
 
 
 # --- a real relay, raw frames ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def relay(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
+    """One relay with default settings for the module's raw-frame tests: each test speaks on
+    a connection of its own, and a protocol violation closes that connection only (each
+    EVENT sent here is a different one)."""
+    yield from shared_relay(pg_server_url, str(tmp_path_factory.mktemp("wsframes-relay")))
 
 
 class Raw:
