@@ -67,6 +67,7 @@ class Subscription:
         if len(filters) == 1 and filters[0].search is None:  # the commonest REQ
             self.terms = None
             self.keys: list[IndexKey] = _index_keys(filters[0])
+            self.match_key: tuple[Hashable, ...] = (match_key(filters[0]),)
         else:
             # each filter's search words (None: no search), tokenized once; None: no search
             terms = [None if f.search is None else query_words(f.search) for f in filters]
@@ -77,10 +78,8 @@ class Subscription:
                     self.words.append(t[0])  # the longest: likely the rarest
                 else:
                     self.keys += _index_keys(f)
-        # equal match keys, equal class: set by FanOut.publish when an event first reaches
-        # the subscription (most REQs are closed after their EOSE without one)
-        self.match_key: tuple[Hashable, ...] | None = None
-        self.match_class = 0
+            self.match_key = tuple(map(match_key, filters))
+        self.match_class = 0  # set by FanOut.subscribe: equal match_key, equal class
         self.pending: list[tuple[str, bytes]] | None = [] if pending else None
         self.pending_bytes = 0
 
@@ -165,6 +164,12 @@ class FanOut:
         sub = Subscription(conn, sub_id, filters, pending)
         subs[sub_id] = sub
         self._count += 1
+        entry = self._classes.get(sub.match_key)
+        if entry is None:
+            self._next_class += 1
+            entry = self._classes[sub.match_key] = [self._next_class, 0]
+        entry[1] += 1
+        sub.match_class = entry[0]
         for key in sub.keys:
             self._index[key].add(sub)
         for word in sub.words:
@@ -193,11 +198,10 @@ class FanOut:
         if not subs:  # its last one
             del self._by_conn[id(conn)]
         self._count -= 1
-        if sub.match_class:
-            entry = self._classes[sub.match_key]
-            entry[1] -= 1
-            if not entry[1]:
-                del self._classes[sub.match_key]
+        entry = self._classes[sub.match_key]
+        entry[1] -= 1
+        if not entry[1]:
+            del self._classes[sub.match_key]
         for key in sub.keys:
             bucket = self._index.get(key)
             if bucket is not None:
@@ -257,10 +261,11 @@ class FanOut:
         for sub in candidates:
             if only is not None and sub.conn.authed not in only:
                 continue
-            cls = sub.match_class or self._class_of(sub)
-            verdict = verdicts.get(cls)
+            verdict = verdicts.get(sub.match_class)
             if verdict is None:
-                verdict = verdicts[cls] = matches_any(sub.filters, event, sub.terms, words)
+                verdict = verdicts[sub.match_class] = matches_any(
+                    sub.filters, event, sub.terms, words
+                )
             if verdict:
                 frame = frames.get(sub.prefix)
                 if frame is None:
@@ -275,17 +280,6 @@ class FanOut:
                     continue
                 sent += 1
         return sent
-
-    def _class_of(self, sub: Subscription) -> int:
-        """The subscription's match class, registered now (the first event reaching it)."""
-        key = sub.match_key = tuple(map(match_key, sub.filters))
-        entry = self._classes.get(key)
-        if entry is None:
-            self._next_class += 1
-            entry = self._classes[key] = [self._next_class, 0]
-        entry[1] += 1
-        sub.match_class = entry[0]
-        return sub.match_class
 
     def overflow(self, sub: Subscription) -> None:
         """Too many live events arrived while the stored read ran: rather than drop some
