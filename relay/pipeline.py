@@ -88,12 +88,6 @@ class Relay:
         self.auth = Auth(self.identity, settings.auth_window_seconds, clock)
         self.negentropy = NegentropyService(settings, store)
 
-    def tenant_of(self, session: Session) -> Tenant:
-        """The session's tenant as currently configured (members and limits change live)."""
-        current = self.tenants.current(session.tenant)
-        session.tenant = current
-        return current
-
     # -- dispatch ---------------------------------------------------------------
 
     def handle(self, session: Session, frame: bytes | str) -> Coroutine[Any, Any, None] | None:
@@ -103,8 +97,8 @@ class Relay:
         commit answers from a callback); REQ and COUNT return the coroutine that reads
         the store, for the transport to run.
         """
-        tenant = self.tenants.current(session.tenant)  # tenant_of, inline: every message
-        session.tenant = tenant
+        # the session's tenant as currently configured (members and limits change live)
+        tenant = session.tenant = self.tenants.current(session.tenant)
         mod = tenant.moderation
         if mod.blocked_ips and mod.ip_blocked(session.ip):  # blocked since it connected
             session.send(wire.notice(BLOCKED_ADDRESS))
@@ -122,8 +116,9 @@ class Relay:
             session.send(exc.reply)
             return None
         metrics.message(tenant.key, msg)
-        allow = session.allowance  # loopback is exempt: no call (relay.ratelimit)
-        limited = None if allow is None or allow.exempt else self.rate_limited(session, msg)
+        allow = session.allowance
+        # loopback (relay.ratelimit.RateLimiter.exempt) is never limited: no call for it
+        limited = None if allow is None or allow.exempt else self.rate_limited(session, allow, msg)
         if limited:
             metrics.limited(tenant.key, msg)
             session.send(limited)
@@ -145,11 +140,11 @@ class Relay:
             self.negentropy.close(session, msg.sub_id)
         return None
 
-    def rate_limited(self, session: Session, msg: wire.Message) -> bytes | None:
-        """The reply refusing a message over the connection's or address's rate, if any."""
-        allow = session.allowance
-        if allow is None or allow.exempt:  # loopback (relay.ratelimit.RateLimiter.exempt)
-            return None
+    def rate_limited(
+        self, session: Session, allow: ConnectionAllowance, msg: wire.Message
+    ) -> bytes | None:
+        """The reply refusing a message over the connection's or address's rate (`allow`,
+        the session's, not exempt), if any."""
         now = self.clock()
         why = RateLimiter.check_message(allow, now)
         if not why and isinstance(msg, wire.EventMsg):

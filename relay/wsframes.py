@@ -145,10 +145,7 @@ class ClientFrameReader:
                     break
                 payload = apply_mask(buf[pos + 6 : end], buf[pos + 2 : pos + 6])
                 self._pos = end
-                try:
-                    return OP_TEXT, payload.decode()
-                except UnicodeDecodeError as exc:
-                    raise FrameError(CLOSE_INVALID_DATA, "text message is not valid UTF-8") from exc
+                return OP_TEXT, _text(payload)
             length = b1 & 0x7F
             start = pos + 6  # 2-byte header + 4-byte masking key
             if length == 126:

@@ -395,6 +395,11 @@ class ReadCache:
         entry = self._authors.pop(key, None)
         if entry is not None:
             self.size -= sum(x.size for x in entry.values())
+        self._overtake(key)
+
+    def _overtake(self, key: tuple[str, bytes]) -> None:
+        """The author's fills in flight are not installed: their statement may have run
+        before the change."""
         fills = self._fills.get(key)
         if fills is not None:
             for fill in fills:
@@ -413,10 +418,7 @@ class ReadCache:
             self.changed(tenant, author, kind)
             return
         key = (tenant, author)
-        fills = self._fills.get(key)
-        if fills is not None:
-            for fill in fills:
-                fill.stale = True
+        self._overtake(key)
         entry = self._authors.get(key)
         if entry is None:
             return
