@@ -40,6 +40,15 @@ def is_hex(s: str, length: int) -> bool:
     return len(s) == length and not s.translate(_NOT_HEX)
 
 
+def all_hex(values: list[str], length: int) -> bool:
+    """`is_hex` of every value (strings), with one translation for all of them: a filter's
+    `authors` or `ids` of hundreds is checked at the cost of one long string."""
+    for v in values:
+        if len(v) != length:
+            return False
+    return not "".join(values).translate(_NOT_HEX)
+
+
 def serialize_for_id(
     pubkey: str, created_at: int, kind: int, tags: list[list[str]], content: str
 ) -> bytes:

@@ -186,6 +186,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # again after this many seconds (what no event announces: pruned rows)
     read_cache_bytes: int = 64 * 1024 * 1024
     read_cache_seconds: float = 60.0
+    # REQ filter texts remembered with what was worked out of them (relay/reqmemo.py), so
+    # a REQ whose filters repeat one seen before (an agent polling its memory, readers of
+    # one author) skips parsing them again: at most this many, and each at most
+    # REQ_MEMO_TEXT_MAX characters (0: off)
+    req_memo_entries: int = 4096
     # Store reads (REQ/COUNT) in flight per connection and per IP (relay.readgate): a
     # client sending costly REQs back to back waits for its own, not everyone else.
     reads_per_connection: int = 4

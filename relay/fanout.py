@@ -21,7 +21,14 @@ from typing import Protocol
 from engram.nip01 import Event
 from relay import metrics
 from relay.config import DEFAULT_PRIVATE, MEMORY_KINDS
-from relay.filters import Filter, content_words, match_key, matches_any, query_words
+from relay.filters import (
+    Filter,
+    SharedFilters,
+    content_words,
+    match_key,
+    matches_any,
+    query_words,
+)
 from relay.policy import readers
 from relay.wire import Reason, closed, event_frame, sub_prefix
 
@@ -64,10 +71,17 @@ class Subscription:
         self.filters = filters
         self.prefix = sub_prefix(sub_id)
         self.words: list[str] = []  # index words of the filters indexed by their search
-        if len(filters) == 1 and filters[0].search is None:  # the commonest REQ
+        if type(filters) is SharedFilters:  # a REQ's filters relay.reqmemo kept: no search
             self.terms = None
-            self.keys: list[IndexKey] = _index_keys(filters[0])
-            self.match_key: tuple[Hashable, ...] = (match_key(filters[0]),)
+            if filters.keys is None:  # the first subscription to them works them out
+                filters.keys = [k for f in filters for k in _index_keys(f)]
+                filters.match_key = tuple(map(match_key, filters))
+            self.keys: list[IndexKey] = filters.keys  # shared, never changed
+            self.match_key: tuple[Hashable, ...] = filters.match_key
+        elif len(filters) == 1 and filters[0].search is None:  # the commonest REQ
+            self.terms = None
+            self.keys = _index_keys(filters[0])
+            self.match_key = (match_key(filters[0]),)
         else:
             # each filter's search words (None: no search), tokenized once; None: no search
             terms = [None if f.search is None else query_words(f.search) for f in filters]

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from engram.nip01 import Event, is_hex
+from engram.nip01 import Event, all_hex, is_hex
 from relay.config import MEMORY_KINDS, Limits
 from relay.wire import PlainFilter
 
@@ -110,18 +110,34 @@ def parse_filter(raw: bytes | dict[str, Any], limits: Limits) -> Filter:
 # --- the fast path: a filter without tags, decoded in one C call (relay.wire) ----------
 
 
+class SharedFilters(list[Filter]):
+    """A REQ's filters as relay.reqmemo remembers them: parsed, authorized, clamped, and
+    shared by every REQ of the same text for the same tenant and viewer. Never changed
+    once made: what the fan-out (`keys`, `match_key`) and the read cache (`plans`) work
+    out of them is kept here by them, the first time, for the next REQ."""
+
+    __slots__ = ("keys", "match_key", "plans")
+
+    def __init__(self, filters: list[Filter]) -> None:
+        super().__init__(filters)
+        self.keys: Any = None  # relay.fanout: the index keys and the match key
+        self.match_key: Any = None
+        self.plans: Any = UNPLANNED  # relay.store.readcache.plan_all's answer
+
+
+UNPLANNED = object()
+
+
 def from_plain(p: PlainFilter, limits: Limits) -> Filter | None:
     """`parse_filter`'s Filter for a decoded PlainFilter, or None when parse_filter would
     refuse it (the caller parses it that way then, for the error)."""
     most = limits.max_filter_values
-    for values in (p.ids, p.authors):
-        if values is not None:
-            if len(values) > most:
-                return None
-            for v in values:
-                if not is_hex(v, 64):
-                    return None
-    if p.kinds is not None and len(p.kinds) > most:
+    ids, authors, kinds = p.ids, p.authors, p.kinds
+    if ids is not None and (len(ids) > most or not all_hex(ids, 64)):
+        return None
+    if authors is not None and (len(authors) > most or not all_hex(authors, 64)):
+        return None
+    if kinds is not None and len(kinds) > most:
         return None
     if p.search is not None:
         try:
@@ -229,16 +245,18 @@ def value_count(f: Filter) -> int:
     return n
 
 
-def _frozen(values: list[Any] | None) -> tuple[Any, ...] | None:
-    return None if values is None else tuple(values)
-
-
 def match_key(f: Filter) -> tuple[Any, ...]:
     """Everything `matches` reads of a filter (not `limit`), hashable: filters with equal
     keys give equal verdicts for any event. Kept beside `matches`, which it mirrors."""
-    tags = (
+    ids, authors, kinds = f.ids, f.authors, f.kinds  # (built for every REQ: no calls)
+    return (
+        None if ids is None else tuple(ids),
+        None if authors is None else tuple(authors),
+        None if kinds is None else tuple(kinds),
         tuple(sorted((letter, tuple(values)) for letter, values in f.tags.items()))
         if f.tags
-        else ()
+        else (),
+        f.since,
+        f.until,
+        f.search,
     )
-    return (_frozen(f.ids), _frozen(f.authors), _frozen(f.kinds), tags, f.since, f.until, f.search)

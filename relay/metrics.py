@@ -389,6 +389,15 @@ class _StateCollector:
         pool.add_metric(["idle"], idle)
         pool.add_metric(["max"], size_max)
         yield pool
+        yield from _gauges(
+            [r.reads.memo for r in list(self.relays) if r.reads.memo is not None],
+            ("engram_req_memo_entries", "REQ filter texts kept (relay.reqmemo).", "size"),
+            (
+                "engram_req_memo_hits",
+                "REQs whose filters were kept from an earlier REQ of the same text.",
+                "hits",
+            ),
+        )
         yield from self.collect_output()
 
     def collect_output(self) -> Iterator[Any]:

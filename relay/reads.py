@@ -27,6 +27,7 @@ from relay.fanout import FanOut, Subscription
 from relay.filters import (
     Filter,
     FilterError,
+    SharedFilters,
     from_plain,
     parse_filter,
     restrict_search,
@@ -34,6 +35,7 @@ from relay.filters import (
 )
 from relay.ratelimit import ConnectionAllowance, RateLimiter
 from relay.readgate import ReadGate
+from relay.reqmemo import ReqMemo, filter_text
 from relay.session import Session
 from relay.store import EventReads, StoreError
 from relay.tenants import Tenant
@@ -57,6 +59,8 @@ class Reads:
         self.gate = ReadGate(settings.reads_per_connection, settings.reads_per_ip)
         kinds = settings.search_kinds
         self.search_kinds = None if kinds is None else frozenset(kinds)
+        entries = settings.req_memo_entries
+        self.memo = ReqMemo(entries) if entries > 0 else None
 
     def request(
         self, session: Session, tenant: Tenant, sub_id: str, raws: list[msgspec.Raw]
@@ -68,8 +72,7 @@ class Reads:
         coroutine reads the store (the transport runs it as a task), as it does when the
         connection's queue is full."""
         started = metrics.start()
-        lim = tenant.limits
-        filters = self.readable_filters(session, tenant, sub_id, raws)
+        filters = self._allowed(session, tenant, sub_id, raws)
         if isinstance(filters, bytes):
             session.send(filters)
             return None
@@ -78,8 +81,6 @@ class Reads:
         if why:
             session.send(wire.closed(sub_id, why))
             return None
-        for f in filters:
-            policy.clamp_limit(f, lim)
         # no await since the checks above: counted and registered at once, so REQs sent
         # together (from many connections of one address) cannot all pass a cap
         sub = fanout.subscribe(session, sub_id, filters, pending=True)
@@ -87,6 +88,30 @@ class Reads:
         if rows is None:
             return self._read(session, tenant, sub_id, filters, sub, started)
         return self._answer(session, tenant, sub_id, sub, rows, started)
+
+    def _allowed(
+        self, session: Session, tenant: Tenant, sub_id: str, raws: list[msgspec.Raw]
+    ) -> list[Filter] | bytes:
+        """A REQ's filters parsed, authorized and their limits clamped, or the CLOSED frame
+        refusing them: those a REQ of the same text had (relay.reqmemo), when kept."""
+        memo, text = self.memo, None
+        if memo is not None and type(raws) is wire.PlainFilters:  # compact, no tags
+            frame = raws.frame
+            if type(frame) is str and len(sub_id) <= tenant.limits.max_subid_length:
+                text = filter_text(frame, sub_id)
+                kept = None if text is None else memo.get(text, tenant, session.authed)
+                if kept is not None:
+                    return kept
+        filters = self.readable_filters(session, tenant, sub_id, raws)
+        if isinstance(filters, bytes):
+            return filters
+        lim = tenant.limits
+        for f in filters:
+            policy.clamp_limit(f, lim)
+        if text is not None and all(f.search is None for f in filters):
+            filters = SharedFilters(filters)
+            memo.put(text, tenant, session.authed, filters)  # type: ignore[union-attr]
+        return filters
 
     async def _read(
         self,

@@ -14,6 +14,7 @@ from engram import nip19
 from engram.errors import KeyFormatError
 from engram.nip01 import (
     Event,
+    all_hex,
     event_id,
     is_hex,
     parse_public_key,
@@ -95,6 +96,19 @@ def test_is_hex() -> None:
     assert not is_hex("ab" * 32 + "\n", 64)
     assert not is_hex("ab" * 31, 64)
     assert not is_hex("gg" * 32, 64)
+
+
+_HEXISH = st.text(alphabet="0123456789abcdefABx\n", min_size=62, max_size=66)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_HEXISH, st.sampled_from(["ab" * 32, "0f" * 32])), max_size=6))
+def test_all_hex_is_is_hex_of_every_value(values: list[str]) -> None:
+    """One translation for the whole list says what a call per value says (lengths
+    that would add up to the right total, an upper-case or stray character anywhere)."""
+    assert all_hex(values, 64) == all(is_hex(v, 64) for v in values)
+    assert all_hex(["ab" * 32] * 3, 64) and all_hex([], 64)
+    assert not all_hex(["ab" * 31, "ab" * 33], 64)
 
 
 def test_parse_keys_hex_and_nip19() -> None:

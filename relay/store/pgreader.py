@@ -22,7 +22,7 @@ import asyncpg
 
 from engram.nip01 import is_hex
 from relay.config import DEFAULT_PRIVATE, Settings
-from relay.filters import Filter
+from relay.filters import UNPLANNED, Filter, SharedFilters
 from relay.store import DEFAULT_TENANT, StoreError
 from relay.store.pgbase import DB_ERRORS, PostgresBase, failure
 from relay.store.readbatch import ReadBatcher
@@ -146,7 +146,12 @@ class PostgresReader(PostgresBase):
         clock = time.monotonic()
         if clock - self._bus_current_at > self._bus_current_for:
             return None
-        plans = plan_all(filters)
+        if type(filters) is SharedFilters:  # kept by relay.reqmemo: planned once
+            plans = filters.plans
+            if plans is UNPLANNED:
+                plans = filters.plans = plan_all(filters)
+        else:
+            plans = plan_all(filters)
         if plans is None:
             return None
         v = bytes.fromhex(viewer) if viewer is not None and is_hex(viewer, 64) else None
