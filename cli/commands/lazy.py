@@ -6,21 +6,27 @@ ACP, MCP) and turned all ~65 commands into click commands before doing anything:
 half a second of CPU per process, most of it for commands that did not run. Here the root
 group knows each subcommand by name and builds only the one that is asked for.
 
-Help and completion list every subcommand, so they build them all, in the declared order:
-the output is the same. Each lazy subcommand is a function that registers it on a Typer
-with the same `command()` / `add_typer()` call an eager registration makes, and typer
-builds the click command from that registration, so it is the command typer would have
-built at start-up (tests/test_cli_lazy.py compares the two trees).
+Sub-groups (`mem`, `tenant`, …) are built the same way: `engram mem get` builds the `mem`
+group and its `get`, not the other 19 `mem` commands (typer spends ~2 ms of CPU reading
+each command's signature). Help and completion list every subcommand, so they build them
+all, in the declared order: the output is the same.
+
+Each lazy subcommand is a function that registers it on a Typer with the same `command()`
+/ `add_typer()` call an eager registration makes (a sub-group's: its own registration),
+and typer builds the click command from that, so it is the command typer would have built
+at start-up (tests/test_cli_lazy.py compares the two trees).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import typer
 import typer.main
 from typer.core import TyperGroup
+from typer.models import TyperInfo
 
 Register = Callable[[typer.Typer], None]  # registers one subcommand (command or group)
 
@@ -55,6 +61,10 @@ class LazyCommands(MutableMapping[str, Any]):
             del self._lazy[name]
         return self._built[name]
 
+    def built(self) -> list[str]:
+        """The subcommands built so far, in order (what a test checks)."""
+        return [name for name in self._order if name in self._built]
+
     def __contains__(self, name: object) -> bool:
         return name in self._built or name in self._lazy
 
@@ -78,22 +88,66 @@ class LazyCommands(MutableMapping[str, Any]):
         self._built.pop(name, None)
 
 
-def lazy_group(order: Sequence[str], lazy: Mapping[str, Register]) -> type[TyperGroup]:
-    """A TyperGroup class (for `typer.Typer(cls=...)`) listing `order`: the subcommands
+def lazy_group(
+    order: Sequence[str], lazy: Mapping[str, Register], base: type[TyperGroup] = TyperGroup
+) -> type[TyperGroup]:
+    """A `base` group class (for `typer.Typer(cls=...)`) listing `order`: the subcommands
     registered on its Typer the usual way, plus those of `lazy`, built on first use."""
 
-    class LazyGroup(TyperGroup):
+    class LazyGroup(base):  # type: ignore[valid-type,misc]
+        eager_class = base  # what typer builds without lazy loading (tests compare)
+
         def __init__(self, *, commands: Mapping[str, Any] | None = None, **attrs: Any) -> None:
             super().__init__(**attrs)  # typer's group, then its commands made lazy
             self.commands = LazyCommands(order, commands or {}, lazy, self._build)
 
         def _build(self, name: str, register: Register) -> Any:
             """What typer builds for this registration under this group's settings (the
-            root app keeps typer's default `pretty_exceptions_short`, as this Typer does)."""
+            root app keeps typer's default `pretty_exceptions_short`, as this Typer does).
+            A sub-group is built with its own subcommands left for their first use."""
             scratch = typer.Typer(
                 rich_markup_mode=self.rich_markup_mode, suggest_commands=self.suggest_commands
             )
             register(scratch)
+            for info in scratch.registered_groups:
+                defer_subcommands(info)
             return typer.main.get_group(scratch).commands[name]
 
     return LazyGroup
+
+
+def defer_subcommands(info: TyperInfo) -> None:
+    """Make the group registered as `info` build its subcommands on first use: typer gets
+    a copy of its Typer without them, on a lazy class of the group's own class."""
+    sub = info.typer_instance
+    entries = subcommands(sub) if isinstance(sub, typer.Typer) else None
+    if not entries:
+        return  # built at once, as typer does
+    base = typer.main.solve_typer_info_defaults(info).cls or TyperGroup
+    shell = copy.copy(sub)
+    shell.registered_commands, shell.registered_groups = [], []
+    info.typer_instance = shell
+    info.cls = lazy_group([name for name, _ in entries], dict(entries), base)
+
+
+def subcommands(app: typer.Typer) -> list[tuple[str, Register]] | None:
+    """Each subcommand typer builds for `app`, in typer's order (its commands, then its
+    groups, a group added without a name contributing its own subcommands), with how to
+    register it alone; None when a name is not known before building."""
+    out: list[tuple[str, Register]] = []
+    for command in app.registered_commands:
+        if command.callback is None:
+            return None
+        name = command.name or typer.main.get_command_name(command.callback.__name__)
+        out.append((name, lambda app, command=command: app.registered_commands.append(command)))
+    for group in app.registered_groups:
+        name = typer.main.solve_typer_info_defaults(group).name
+        if name:
+            out.append((name, lambda app, group=group: app.registered_groups.append(group)))
+            continue
+        inner = subcommands(group.typer_instance) if group.typer_instance else None
+        if inner is None:
+            return None
+        out += inner
+    names = [name for name, _ in out]
+    return out if len(set(names)) == len(names) else None
