@@ -87,10 +87,24 @@ def tree(command: Any, path: str = "engram") -> dict[str, Any]:
     return out
 
 
+def registrations() -> list[tuple[Any, Any]]:
+    """The sub-groups registered on the command modules' Typers, as registered."""
+    from cli.commands.mem_common import mem_app
+    from cli.commands.ops import config_app
+    from cli.commands.tenant import tenant_app
+
+    groups = [g for t in (mem_app, config_app, tenant_app) for g in t.registered_groups]
+    return [(g.typer_instance, g.cls, list(g.typer_instance.registered_commands)) for g in groups]
+
+
 def test_the_lazy_tree_is_the_eager_tree() -> None:
-    lazy_root, eager_root = typer.main.get_command(app), typer.main.get_command(eager_app())
+    before = registrations()
+    lazy_root = typer.main.get_command(app)
+    lazy = tree(lazy_root)  # builds every command, lazily
+    assert registrations() == before  # the apps' own registrations are left as they were
+    eager_root = typer.main.get_command(eager_app())
     assert type(eager_root) is TyperGroup and type(lazy_root) is not TyperGroup
-    lazy, eager = tree(lazy_root), tree(eager_root)
+    eager = tree(eager_root)
     assert lazy["engram (order)"] == list(ORDER)
     assert lazy.keys() == eager.keys()
     assert len(lazy) > 60  # every command of every group, not just the root

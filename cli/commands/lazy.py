@@ -143,7 +143,8 @@ def subcommands(app: typer.Typer) -> list[tuple[str, Register]] | None:
     for group in app.registered_groups:
         name = typer.main.solve_typer_info_defaults(group).name
         if name:
-            out.append((name, lambda app, group=group: app.registered_groups.append(group)))
+            # a copy: defer_subcommands changes the registration it builds, not the app's
+            out.append((name, lambda app, g=group: app.registered_groups.append(copy.copy(g))))
             continue
         inner = subcommands(group.typer_instance) if group.typer_instance else None
         if inner is None:
