@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from relay.config import ConfigError, Settings, load_settings
+if TYPE_CHECKING:  # imported when used: `engram mem …` does not need the relay's settings
+    from relay.config import Settings
 
 ConfigOpt = Annotated[
     str | None, typer.Option("--config", help="TOML settings file (env: ENGRAM_CONFIG).")
@@ -23,6 +24,8 @@ DataDirOpt = Annotated[
 
 def settings_or_exit(**overrides: object) -> Settings:
     """Effective settings; a configuration error ends the command naming the setting."""
+    from relay.config import ConfigError, load_settings
+
     try:
         return load_settings(**overrides)  # type: ignore[arg-type]
     except ConfigError as exc:

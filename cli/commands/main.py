@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
 from typing import Annotated
 
 import typer
 
-from cli.commands import data, mem, mem_history  # noqa: F401  (their commands register on mem_app)
-from cli.commands.acp import ACP_CONTEXT_SETTINGS, acp_command
 from cli.commands.common import (
     ConfigOpt,
     DatabaseOpt,
@@ -18,32 +14,108 @@ from cli.commands.common import (
     resolve_database_url,
     settings_or_exit,
 )
-from cli.commands.mcp import mcp_command
-from cli.commands.mem_common import mem_app
-from cli.commands.ops import config_app, keygen
-from cli.commands.review import review_command
-from cli.commands.sync import sync_command
-from cli.commands.tenant import tenant_app
+from cli.commands.lazy import lazy_group
+
+# Each subcommand below is imported only when it runs, or when help lists them all
+# (cli.commands.lazy says why). Each registers itself as an eager `app.command(...)` /
+# `app.add_typer(...)` would.
+
+
+def _acp(app: typer.Typer) -> None:
+    from cli.commands.acp import ACP_CONTEXT_SETTINGS, acp_command
+
+    app.command("acp", context_settings=ACP_CONTEXT_SETTINGS)(acp_command)
+
+
+def _keygen(app: typer.Typer) -> None:
+    from cli.commands.ops import keygen
+
+    app.command("keygen")(keygen)
+
+
+def _mcp(app: typer.Typer) -> None:
+    from cli.commands.mcp import mcp_command
+
+    app.command("mcp")(mcp_command)
+
+
+def _review(app: typer.Typer) -> None:
+    from cli.commands.review import review_command
+
+    app.command("review")(review_command)
+
+
+def _export(app: typer.Typer) -> None:
+    from cli.commands import data
+
+    app.command("export")(data.export)
+
+
+def _import(app: typer.Typer) -> None:
+    from cli.commands import data
+
+    app.command("import")(data.import_)
+
+
+def _prune(app: typer.Typer) -> None:
+    from cli.commands import data
+
+    app.command("prune")(data.prune)
+
+
+def _sync(app: typer.Typer) -> None:
+    from cli.commands.sync import sync_command
+
+    app.command("sync")(sync_command)
+
+
+def _mem(app: typer.Typer) -> None:
+    from cli.commands import mem, mem_history  # noqa: F401  (their commands register on mem_app)
+    from cli.commands.mem_common import mem_app
+
+    app.add_typer(mem_app, name="mem")
+
+
+def _tenant(app: typer.Typer) -> None:
+    from cli.commands.tenant import tenant_app
+
+    app.add_typer(tenant_app, name="tenant")
+
+
+def _config(app: typer.Typer) -> None:
+    from cli.commands.ops import config_app
+
+    app.add_typer(config_app, name="config")
+
+
+LAZY = {
+    "acp": _acp,
+    "keygen": _keygen,
+    "mcp": _mcp,
+    "review": _review,
+    "export": _export,
+    "import": _import,
+    "prune": _prune,
+    "sync": _sync,
+    "mem": _mem,
+    "tenant": _tenant,
+    "config": _config,
+}
+# The order `engram --help` lists them in: serve, bench, migrate and db are this module's.
+ORDER = (
+    *("acp", "keygen", "mcp", "review", "export", "import", "prune", "sync"),
+    *("serve", "bench", "migrate", "mem", "db", "tenant", "config"),
+)
 
 app = typer.Typer(
     name="engram",
     help="engram-relay: a Nostr relay for encrypted agent memory, and its client tools.",
     no_args_is_help=True,
     add_completion=False,
+    cls=lazy_group(ORDER, LAZY),
 )
-app.add_typer(mem_app, name="mem")
 db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
-app.add_typer(tenant_app, name="tenant")
-app.add_typer(config_app, name="config")
-app.command("acp", context_settings=ACP_CONTEXT_SETTINGS)(acp_command)
-app.command("keygen")(keygen)
-app.command("mcp")(mcp_command)
-app.command("review")(review_command)
-app.command("export")(data.export)
-app.command("import")(data.import_)
-app.command("prune")(data.prune)
-app.command("sync")(sync_command)
 
 
 @app.command()
@@ -78,6 +150,8 @@ def serve(
     ] = None,
 ) -> None:
     """Run the relay (uvicorn + uvloop) on PostgreSQL; embedded PostgreSQL if no URL is set."""
+    import logging
+
     from relay.config import unknown_variables
     from relay.identity import listen_urls, parse_public_urls, startup_note
     from relay.logs import setup_logging
@@ -153,6 +227,8 @@ def bench(ctx: typer.Context) -> None:
 @app.command()
 def migrate(database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
     """Apply pending migrations, on tenant databases too (the relay also does this)."""
+    import asyncio
+
     from cli.commands.ops import mask_url
     from relay.store.tenants import migrate_everywhere
 
@@ -165,6 +241,8 @@ def migrate(database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> No
 @db_app.command("status")
 def db_status(database_url: DatabaseOpt = None, data_dir: DataDirOpt = None) -> None:
     """Show each migration and whether it is applied."""
+    import asyncio
+
     from relay.store.migrate import status_url
 
     settings = settings_or_exit(database_url=database_url, data_dir=data_dir)
