@@ -34,6 +34,7 @@ from relay.ingest import Ingest
 from relay.negentropy import NegentropyService
 from relay.ratelimit import ConnectionAllowance, RateLimiter
 from relay.reads import Reads
+from relay.reqmemo import REQ_START, split_req
 from relay.session import Session
 from relay.store import EventBus, EventStore
 from relay.tenants import Tenant, TenantRegistry
@@ -109,12 +110,21 @@ class Relay:
                 wire.notice(Reason.INVALID(f"message too large ({len(frame)} > {limit} bytes)"))
             )
             return None
-        try:
-            msg = wire.decode(frame)
-        except wire.WireError as exc:
-            metrics.message(tenant.key, None)
-            session.send(exc.reply)
-            return None
+        msg: wire.Message | None = None
+        req = None  # a compact REQ's (id, filter text): relay.reqmemo
+        if type(frame) is str and frame.startswith(REQ_START) and self.reads.memo is not None:
+            req = split_req(frame)
+            if req is not None:  # filters a REQ of this text had: the frame is not decoded
+                kept = self.reads.kept(req[0], req[1], tenant, session.authed)
+                if kept is not None:
+                    msg = wire.ReqMsg(req[0], kept)  # type: ignore[arg-type]
+        if msg is None:
+            try:
+                msg = wire.decode(frame)
+            except wire.WireError as exc:
+                metrics.message(tenant.key, None)
+                session.send(exc.reply)
+                return None
         metrics.message(tenant.key, msg)
         allow = session.allowance
         # loopback (relay.ratelimit.RateLimiter.exempt) is never limited: no call for it
@@ -125,7 +135,8 @@ class Relay:
         elif isinstance(msg, wire.EventMsg):
             return self.ingest.receive(session, tenant, msg.event)
         elif isinstance(msg, wire.ReqMsg):
-            return self.reads.request(session, tenant, msg.sub_id, msg.filters)
+            text = req[1] if req is not None and req[0] == msg.sub_id else None
+            return self.reads.request(session, tenant, msg.sub_id, msg.filters, text)
         elif isinstance(msg, wire.CloseMsg):
             self.fanouts[tenant.key].unsubscribe(session, msg.sub_id)
         elif isinstance(msg, wire.AuthMsg):

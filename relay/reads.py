@@ -35,7 +35,7 @@ from relay.filters import (
 )
 from relay.ratelimit import ConnectionAllowance, RateLimiter
 from relay.readgate import ReadGate
-from relay.reqmemo import ReqMemo, filter_text
+from relay.reqmemo import ReqMemo
 from relay.session import Session
 from relay.store import EventReads, StoreError
 from relay.tenants import Tenant
@@ -63,16 +63,22 @@ class Reads:
         self.memo = ReqMemo(entries) if entries > 0 else None
 
     def request(
-        self, session: Session, tenant: Tenant, sub_id: str, raws: list[msgspec.Raw]
+        self,
+        session: Session,
+        tenant: Tenant,
+        sub_id: str,
+        raws: list[msgspec.Raw],
+        text: str | None = None,
     ) -> Coroutine[Any, Any, None] | None:
         """Stored events newest first, EOSE, then live events until CLOSE.
 
         Answered here and now when the store holds the answer in memory
         (EventReads.cached: no task, no read slot, no await); otherwise the returned
         coroutine reads the store (the transport runs it as a task), as it does when the
-        connection's queue is full."""
+        connection's queue is full. `raws` are the kept filters of `kept` when a REQ of the
+        same filter text (`text`, relay.reqmemo.split_req) had them."""
         started = metrics.start()
-        filters = self._allowed(session, tenant, sub_id, raws)
+        filters = self._allowed(session, tenant, sub_id, raws, text)
         if isinstance(filters, bytes):
             session.send(filters)
             return None
@@ -89,28 +95,38 @@ class Reads:
             return self._read(session, tenant, sub_id, filters, sub, started)
         return self._answer(session, tenant, sub_id, sub, rows, started)
 
+    def kept(
+        self, sub_id: str, text: str, tenant: Tenant, viewer: str | None
+    ) -> SharedFilters | None:
+        """The filters a REQ of this filter text had, parsed, allowed and clamped, for
+        this tenant and viewer (relay.reqmemo), if kept and the id is within its bound."""
+        if self.memo is None or len(sub_id) > tenant.limits.max_subid_length:
+            return None
+        return self.memo.get(text, tenant, viewer)
+
     def _allowed(
-        self, session: Session, tenant: Tenant, sub_id: str, raws: list[msgspec.Raw]
+        self,
+        session: Session,
+        tenant: Tenant,
+        sub_id: str,
+        raws: list[msgspec.Raw],
+        text: str | None,
     ) -> list[Filter] | bytes:
         """A REQ's filters parsed, authorized and their limits clamped, or the CLOSED frame
-        refusing them: those a REQ of the same text had (relay.reqmemo), when kept."""
-        memo, text = self.memo, None
-        if memo is not None and type(raws) is wire.PlainFilters:  # compact, no tags
-            frame = raws.frame
-            if type(frame) is str and len(sub_id) <= tenant.limits.max_subid_length:
-                text = filter_text(frame, sub_id)
-                kept = None if text is None else memo.get(text, tenant, session.authed)
-                if kept is not None:
-                    return kept
+        refusing them; kept for the next REQ of the same filter text (`text`) when they
+        pass and have no search."""
+        if type(raws) is SharedFilters:  # `kept`: a REQ of this text had them
+            return raws
         filters = self.readable_filters(session, tenant, sub_id, raws)
         if isinstance(filters, bytes):
             return filters
         lim = tenant.limits
         for f in filters:
             policy.clamp_limit(f, lim)
-        if text is not None and all(f.search is None for f in filters):
+        memo = self.memo
+        if text is not None and memo is not None and all(f.search is None for f in filters):
             filters = SharedFilters(filters)
-            memo.put(text, tenant, session.authed, filters)  # type: ignore[union-attr]
+            memo.put(text, tenant, session.authed, filters)
         return filters
 
     async def _read(

@@ -6,9 +6,9 @@ checking them against the tenant's limits and the private read gate, clamping th
 limit, and working out the fan-out's index keys and the read cache's plan is the same work
 each time: ~9 us of a cached REQ's ~85 (bench/RESULTS-HISTORY.md, "The REQ path, fourth
 pass"). `ReqMemo` keeps, for a filter text (what follows the subscription id in a
-compact, tagless REQ: what relay.wire's fast path decoded), the `SharedFilters` that text
-gave for one tenant (the object: a tenant whose settings change is a new one) and one
-viewer, and hands them to the next REQ of that text.
+compact REQ: `split_req`), the `SharedFilters` that text gave for one tenant (the object:
+a tenant whose settings change is a new one) and one viewer, and hands them to the next
+REQ of that text, which is then not decoded at all (relay.pipeline).
 
 Only what passed is kept: a refused REQ takes the full path every time, and says why. A
 search is never kept (its live budget and tokens belong to each subscription). The
@@ -22,19 +22,24 @@ from relay.filters import SharedFilters
 from relay.tenants import Tenant
 
 REQ_MEMO_TEXT_MAX = 1024  # characters of a filter text worth keeping (a feed of ~14 authors)
-_REQ = '["REQ","'
+REQ_START = '["REQ","'
 
 
-def filter_text(frame: str, sub_id: str) -> str | None:
-    """What follows the subscription id in a compact REQ frame (its filters and the closing
-    bracket), or None when the id is not written as itself (an escape: then where it ends
-    is not known without decoding) or the text is too long to keep."""
-    end = 8 + len(sub_id)  # the closing quote of the id, written plainly
-    if not frame.startswith(_REQ) or frame[end : end + 2] != '",' or "\\" in frame[8:end]:
+def split_req(frame: str) -> tuple[str, str] | None:
+    """(subscription id, filter text) of a compact REQ frame whose id is written plainly
+    (no quote, backslash or control character: the id's text is the id), the text being
+    everything after the id's comma (its filters and the closing bracket); None for any
+    other frame, or a text too long to keep. Says nothing of the text's validity: only a
+    text the full path accepted is ever kept, and only a kept one is used."""
+    if not frame.startswith(REQ_START):
         return None
-    if len(frame) - end - 2 > REQ_MEMO_TEXT_MAX:
+    end = frame.find('",', 8)
+    if end < 9 or len(frame) - end - 2 > REQ_MEMO_TEXT_MAX:
         return None
-    return frame[end + 2 :]
+    sub_id = frame[8:end]
+    if '"' in sub_id or "\\" in sub_id or not sub_id.isprintable():
+        return None
+    return sub_id, frame[end + 2 :]
 
 
 class ReqMemo:
@@ -47,7 +52,8 @@ class ReqMemo:
         self.kept = 0
 
     def get(self, text: str, tenant: Tenant, viewer: str | None) -> SharedFilters | None:
-        """The filters this text gave for this tenant and viewer, if kept."""
+        """The filters this text gave for this tenant and viewer, if kept (the caller
+        checks the subscription id's length: it is not part of the text)."""
         entry = self._memo.get(text)
         if entry is None or entry[0] is not tenant or entry[1] != viewer:
             return None

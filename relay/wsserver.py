@@ -160,9 +160,9 @@ class Keepalive:
     (`KEEPALIVE_TICK`, or the interval if shorter) that turns once per interval, one
     bucket pinged each tick; a socket whose pong has not come `timeout` seconds after its
     ping is closed (1011), as uvicorn's keepalive does. A timer per connection cost ~400
-    bytes and a wake-up each. Sockets join the buckets in turn, whenever they connect, so
-    a crowd that connected in a storm is pinged a few at a time over the wheel's turn
-    (buckets differ by at most one socket while nobody leaves)."""
+    bytes and a wake-up each. A socket joins the bucket of the tick it connected in, so a
+    crowd that connected in a storm is pinged as it came, a tick's arrivals at a time (a
+    client's first ping comes about one interval after it connected, as with uvicorn)."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, interval: float, timeout: float | None
@@ -176,14 +176,12 @@ class Keepalive:
         self.lag = min(self.slots, max(1, math.ceil((timeout or 0) / self.tick)))
         self.buckets: list[set[DirectSocket]] = [set() for _ in range(self.slots)]
         self.cursor = 0
-        self.next = 0  # the bucket the next socket joins
         self.size = 0
         self.timer: asyncio.TimerHandle | None = None
 
     def add(self, sock: DirectSocket) -> None:
-        """The socket's first ping comes within one interval."""
-        index = self.next
-        self.next = (index + 1) % self.slots
+        """The socket's first ping comes after about one interval."""
+        index = self.cursor
         sock.bucket = index
         self.buckets[index].add(sock)
         self.size += 1

@@ -17,7 +17,7 @@ from nostr_client import Client
 from engram.nip01 import pubkey_of, sign_event
 from relay.config import Settings
 from relay.filters import Filter, SharedFilters
-from relay.reqmemo import REQ_MEMO_TEXT_MAX, ReqMemo, filter_text
+from relay.reqmemo import REQ_MEMO_TEXT_MAX, ReqMemo, split_req
 from relay.tenants import TenantRegistry
 
 SK = [(0x3E30000 + i).to_bytes(32, "big") for i in range(3)]
@@ -121,18 +121,45 @@ async def test_subscription_ids_are_checked_on_every_req(relay: Any) -> None:
             assert msg == ["EOSE", sub], msg
 
 
-def test_filter_text_is_what_follows_a_plainly_written_id() -> None:
+async def test_a_kept_text_with_tags_and_a_frame_that_is_not_json(relay: Any) -> None:
+    """Filters with tags (the engram head fetch's shape) are kept too; a frame ending in a
+    kept text whose id holds a control character is not JSON, and is refused as ever."""
+    tagged = note(SK[1], "tagged", tags=[("t", "memo-test")])
+    flt = {"kinds": [1], "#t": ["memo-test"], "limit": 5}
+    async with await Client.connect(relay.url) as c:
+        assert (await c.publish(tagged))[2] is True
+        first, end = await c.req("t1", flt)
+        assert end[0] == "EOSE" and [e["id"] for e in first] == [tagged.id]
+        hits = await memo_hits(relay)
+        again, end = await c.req("t2", flt)
+        assert end == ["EOSE", "t2"] and again == first
+        assert await memo_hits(relay) == hits + 1
+        text = msgspec.json.encode(flt).decode()
+        await c.send_raw('["REQ","bad\x01id",' + text + "]")
+        msg = await c.recv()
+        assert msg[0] == "NOTICE" and msg[1].startswith("invalid:"), msg
+        assert await memo_hits(relay) == hits + 1
+
+
+def test_split_req_takes_only_a_plainly_written_id() -> None:
     text = '{"authors":["' + "a" * 64 + '"],"limit":10}]'
-    assert filter_text('["REQ","r1",' + text, "r1") == text
-    assert filter_text('["REQ","",' + text, "") == text
-    # escapes in the id (decoded shorter than written), spaces, another verb: not kept
-    assert filter_text('["REQ","a\\"b",' + text, 'a"b') is None
-    assert filter_text('["REQ","\\u0061b",' + text, "ab") is None
-    assert filter_text('["REQ", "r1",' + text, "r1") is None
-    assert filter_text('["REQ","r1" ,' + text, "r1") is None
-    assert filter_text('["COUNT","r1",' + text, "r1") is None
+    assert split_req('["REQ","r1",' + text) == ("r1", text)
+    assert split_req('["REQ","sub 1 é",' + text) == ("sub 1 é", text)
+    # escapes, a quote, a control character or nothing in the id; spaces; another verb
+    for frame in (
+        '["REQ","a\\"b",' + text,
+        '["REQ","\\u0061b",' + text,
+        '["REQ","a"b",' + text,
+        '["REQ","a\x01b",' + text,
+        '["REQ","",' + text,
+        '["REQ", "r1",' + text,
+        '["REQ","r1" ,' + text,
+        '["COUNT","r1",' + text,
+        '["REQ","r1"]',
+    ):
+        assert split_req(frame) is None, frame
     long = '{"ids":["' + "b" * REQ_MEMO_TEXT_MAX + '"]}]'
-    assert filter_text('["REQ","r1",' + long, "r1") is None
+    assert split_req('["REQ","r1",' + long) is None
 
 
 def test_kept_per_tenant_and_viewer_and_bounded() -> None:
