@@ -4,11 +4,12 @@ Most REQs a relay answers repeat a filter it has seen: an agent fetching its mem
 the readers of one author, a client re-opening its feed. Parsing a REQ's filters,
 checking them against the tenant's limits and the private read gate, clamping their
 limit, and working out the fan-out's index keys and the read cache's plan is the same work
-each time: ~9 us of a cached REQ's ~85 (bench/RESULTS-HISTORY.md, "The REQ path, fourth
-pass"). `ReqMemo` keeps, for a filter text (what follows the subscription id in a
-compact REQ: `split_req`), the `SharedFilters` that text gave for one tenant (the object:
-a tenant whose settings change is a new one) and one viewer, and hands them to the next
-REQ of that text, which is then not decoded at all (relay.pipeline).
+each time: ~10 us of a cached REQ's ~86 (bench/RESULTS-HISTORY.md, "The REQ path, fourth
+pass, and the keepalive wheel"). `ReqMemo` keeps, for a filter text (what follows the
+subscription id in a compact REQ: `split_req`), the `SharedFilters` that text gave for
+one tenant (the object: a tenant whose settings change is a new one) and one viewer, and
+hands them to the next REQ of that text, which is then not decoded at all
+(relay.pipeline).
 
 Only what passed is kept: a refused REQ takes the full path every time, and says why. A
 search is never kept (its live budget and tokens belong to each subscription). The
