@@ -12,7 +12,7 @@ from cli_support import tenant_cli
 from nostr_client import Client
 from nostr_sdk import EventBuilder, Keys, Kind, Tag, Timestamp
 from test_nip86 import published, query
-from test_tenants import connect, ev, http_get, wait_for
+from test_tenants import connect, ev, http_get, nip11_name, wait_for
 
 from engram.nip01 import Event, pubkey_of
 
@@ -150,7 +150,7 @@ async def test_a_restricted_tenant_takes_the_request_from_anyone(relay):
     tenant_cli(db, "add", "closed.test", "--write", "members", "--name", "closed")
     tenant_cli(db, "member", "add", "closed.test", pubkey_of(WRAPPER))
     tenant_cli(db, "set", "closed.test", "--name", "ready")  # loaded with the member
-    wait_for(lambda: json.loads(http_get(relay.port, "closed.test")[1])["name"] == "ready")
+    wait_for(lambda: nip11_name(relay.port, "closed.test") == "ready")
     now = int(time.time())
     leaver = pubkey_of(LEAVER)
     wrap = ev(WRAPPER, 1059, [("p", leaver)], "sealed", created_at=now - 600)

@@ -28,7 +28,7 @@ import pytest
 from cli_support import tenant_cli
 from nostr_sdk import EventBuilder, Keys, Kind, Tag, Timestamp
 from relay_fixtures import create_database_sync, launch_relay
-from test_tenants import connect, ev, http_get, wait_for
+from test_tenants import connect, ev, http_get, nip11_name, wait_for
 
 from engram.nip01 import pubkey_of
 
@@ -99,10 +99,6 @@ def call(port: int, host: str, sk: bytes, method: str, *params: Any) -> Any:
     assert status == 200, answer
     assert "error" not in answer or answer["error"] is None, answer
     return answer["result"]
-
-
-def nip11_name(port: int, host: str) -> str:
-    return json.loads(http_get(port, host)[1])["name"]
 
 
 def synced(node: Any, host: str, marker: str, via: Any) -> None:

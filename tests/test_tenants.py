@@ -41,6 +41,13 @@ def http_get(port: int, host: str, nip11: bool = True) -> tuple[int, str]:
     return resp.status, resp.read().decode()
 
 
+def nip11_name(port: int, host: str) -> str | None:
+    """The tenant's NIP-11 name; None while the relay does not serve `host` yet (a tenant
+    added a moment ago: the relay loads it at its next poll)."""
+    status, body = http_get(port, host)
+    return str(json.loads(body)["name"]) if status == 200 else None
+
+
 def wait_for(predicate, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
