@@ -66,7 +66,7 @@ def tenanted(start_relay):
     tenant_cli(db, "member", "add", "b.test", npub(pubkey_of(MEMBER)))
     tenant_cli(db, "member", "add", "b.test", pubkey_of(OWNER))
     tenant_cli(db, "set", "a.test", "--name", "Alpha")  # last: its reload carries it all
-    wait_for(lambda: json.loads(http_get(rp.port, "a.test")[1]).get("name") == "Alpha")
+    wait_for(lambda: nip11_name(rp.port, "a.test") == "Alpha")
     return rp
 
 
