@@ -71,13 +71,11 @@ class Subscription:
         self.filters = filters
         self.prefix = sub_prefix(sub_id)
         self.words: list[str] = []  # index words of the filters indexed by their search
-        if type(filters) is SharedFilters:  # a REQ's filters relay.reqmemo kept: no search
-            self.terms = None
-            if filters.keys is None:  # the first subscription to them works them out
-                filters.keys = [k for f in filters for k in _index_keys(f)]
-                filters.match_key = tuple(map(match_key, filters))
-            self.keys: list[IndexKey] = filters.keys  # shared, never changed
-            self.match_key: tuple[Hashable, ...] = filters.match_key
+        shared = filters if type(filters) is SharedFilters else None  # relay.reqmemo's
+        if shared is not None and shared.keys is not None:  # worked out by an earlier REQ
+            self.terms = None  # (never a search)
+            self.keys: list[IndexKey] = shared.keys  # shared, never changed
+            self.match_key: tuple[Hashable, ...] = shared.match_key
         elif len(filters) == 1 and filters[0].search is None:  # the commonest REQ
             self.terms = None
             self.keys = _index_keys(filters[0])
@@ -93,6 +91,8 @@ class Subscription:
                 else:
                     self.keys += _index_keys(f)
             self.match_key = tuple(map(match_key, filters))
+        if shared is not None and shared.keys is None:  # kept for the next REQ of the text
+            shared.keys, shared.match_key = self.keys, self.match_key
         self.match_class = 0  # set by FanOut.subscribe: equal match_key, equal class
         self.pending: list[tuple[str, bytes]] | None = [] if pending else None
         self.pending_bytes = 0

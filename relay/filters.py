@@ -110,6 +110,9 @@ def parse_filter(raw: bytes | dict[str, Any], limits: Limits) -> Filter:
 # --- the fast path: a filter without tags, decoded in one C call (relay.wire) ----------
 
 
+UNPLANNED = object()  # SharedFilters.plans before the read cache plans them
+
+
 class SharedFilters(list[Filter]):
     """A REQ's filters as relay.reqmemo remembers them: parsed, authorized, clamped, and
     shared by every REQ of the same text for the same tenant and viewer. Never changed
@@ -123,9 +126,6 @@ class SharedFilters(list[Filter]):
         self.keys: Any = None  # relay.fanout: the index keys and the match key
         self.match_key: Any = None
         self.plans: Any = UNPLANNED  # relay.store.readcache.plan_all's answer
-
-
-UNPLANNED = object()
 
 
 def from_plain(p: PlainFilter, limits: Limits) -> Filter | None:

@@ -49,8 +49,7 @@ class ReqMemo:
     def __init__(self, entries: int) -> None:
         self.entries = entries
         self._memo: dict[str, tuple[Tenant, str | None, SharedFilters]] = {}
-        self.hits = 0  # tests and benchmarks read these
-        self.kept = 0
+        self.hits = 0  # REQs given kept filters (/metrics: engram_req_memo_hits)
 
     def get(self, text: str, tenant: Tenant, viewer: str | None) -> SharedFilters | None:
         """The filters this text gave for this tenant and viewer, if kept (the caller
@@ -68,7 +67,6 @@ class ReqMemo:
         if text not in memo and len(memo) >= self.entries:
             del memo[next(iter(memo))]  # the oldest text
         memo[text] = (tenant, viewer, filters)
-        self.kept += 1
 
     @property
     def size(self) -> int:

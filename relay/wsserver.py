@@ -51,9 +51,10 @@ log = logging.getLogger("engram.transport")
 # 256 KiB held 330 MiB beyond the budget with 1,000 stalled readers (bench stalled).
 DIRECT_MAX = 32 * 1024
 # seconds between two ticks of the keepalive wheel (at most): each tick pings a bucket of
-# sockets while the loop waits, and their pongs come back together. With 1 s ticks a crowd
-# of 10,000 (30 s interval) put ~330 pings and pongs in one iteration each second, and
-# another client's EVENT -> OK landing there waited for them (bench crowd's p99)
+# sockets (those that connected within one tick) while the loop waits, and their pongs come
+# back together. With 1 s ticks a crowd that connected at ~1,000 a second put ~1,000 pings
+# and pongs in one iteration each second, and another client's EVENT -> OK landing there
+# waited for them (bench crowd's p99)
 KEEPALIVE_TICK = 0.05
 # the text frame headers of payloads under HEADERS_MAX bytes (most events: a REQ's answer
 # takes each event's from here, not from a call; ~300 KB)
